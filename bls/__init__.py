@@ -1,0 +1,47 @@
+"""bls: imperative business-logic scripts for multi-stage ML inference.
+
+Write the pipeline as a plain async function; every ``await stage("name", req)`` goes
+to whatever the configuration binds that name to, in process or over ZeroMQ.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .bindings import Binding, InlineBinding
+from .entry import Script, script
+from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .flow import collect, gather, map, race
+from .messages import Message
+from .runtime import BindingError, Runtime, StageStream
+from .stages import Stage, StreamStage, stage
+from .timeouts import timeout
+from .worker import Worker
+
+try:
+    __version__ = version("bls")
+except PackageNotFoundError:  # running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "Binding",
+    "BindingError",
+    "DeadlineExceeded",
+    "InlineBinding",
+    "InvalidRequest",
+    "Message",
+    "Runtime",
+    "Script",
+    "Stage",
+    "StageError",
+    "StageNotBound",
+    "StageStream",
+    "StreamStage",
+    "Worker",
+    "__version__",
+    "collect",
+    "gather",
+    "map",
+    "race",
+    "script",
+    "stage",
+    "timeout",
+]

@@ -1,0 +1,67 @@
+"""Loading a script file with its configuration: what ``bls run``/``check``/``serve`` share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .bindings import Binding, load_module
+from .check import StageUse, find_stage_uses
+from .config import Config, ConfigError, load_config, make_bindings
+from .entry import Script, entries
+from .runtime import Runtime
+
+__all__ = ["App"]
+
+
+class App:
+    """A script module, its entrypoints, and the bindings its configuration asks for.
+
+    Loading imports the script and the inline targets (no worker set-up); the stage
+    names the sources use are collected for the bind-time check.
+    """
+
+    def __init__(
+        self,
+        script: str | Path,
+        *,
+        config_file: str | Path | None = None,
+        binds: Iterable[str] = (),
+        options: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        path = Path(script)
+        if not path.is_file():
+            raise ConfigError(f"script not found: {script}")
+        self.path = path
+        self.module = load_module(str(path))
+        self.entries: dict[str, Script] = entries(self.module)
+        if not self.entries:
+            raise ConfigError(f"{script} defines no @bls.script entrypoint")
+        self.config: Config = load_config(path, config_file, binds, options)
+        self.bindings: dict[str, Binding] = make_bindings(self.config)
+        self.uses: list[StageUse] = find_stage_uses(path)
+        for binding in self.bindings.values():
+            # A script bound as a stage: the names it uses must be bound here too.
+            source = getattr(binding, "script_file", None)
+            if source and Path(source).resolve() != path.resolve():
+                self.uses.extend(find_stage_uses(source))
+
+    def entry(self, name: str | None) -> Script:
+        """The entry called ``name``, or the only one when ``name`` is None."""
+        if name is None:
+            if len(self.entries) == 1:
+                return next(iter(self.entries.values()))
+            raise ConfigError(
+                f"{self.path} has several entrypoints ({', '.join(self.entries)}): "
+                f"choose one with --entry"
+            )
+        try:
+            return self.entries[name]
+        except KeyError:
+            raise ConfigError(
+                f"{self.path} has no entrypoint {name!r} (it has: {', '.join(self.entries)})"
+            ) from None
+
+    def runtime(self) -> Runtime:
+        return Runtime(self.bindings, uses=self.uses)

@@ -1,0 +1,292 @@
+"""Bindings: what a stage name is attached to.
+
+A :class:`Binding` is the one interface between the runtime and whatever does the work.
+This module holds the interface and the inline kind (an in-process function, async
+generator, :class:`bls.Worker` or script). The remote kind lives in ``bls.transport``
+and plugs in through :func:`binding_for` without the script layer knowing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .entry import Script
+from .errors import InvalidRequest, StageError
+from .messages import Signature, convert, fast_type, signature_of
+from .worker import Worker
+
+__all__ = ["Binding", "InlineBinding", "binding_for", "load_target", "worker_error"]
+
+REMOTE_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+class Binding:
+    """How one stage is called. Subclasses implement ``call`` or ``stream``.
+
+    Life cycle: ``open`` (learn the signature: import, or connect and read the worker's
+    hello) → ``start`` (set up: load models) → calls → ``aclose``. ``bls check`` only
+    opens. ``call``/``stream`` return raw values; the runtime converts them to the
+    types the script expects, the same way for every kind of binding.
+    """
+
+    name: str
+    signature: Signature
+    description: str
+
+    async def open(self) -> None:
+        """Learn the signature. May connect; must not load models."""
+
+    async def start(self) -> None:
+        """Make the binding ready for calls."""
+
+    async def aclose(self) -> None:
+        """Release everything. Safe to call more than once, and after a failed start."""
+
+    async def call(self, req: Any) -> Any:
+        raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is streaming")
+
+    def stream(self, req: Any) -> AsyncIterator[Any]:
+        raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is unary")
+
+    def ready(self) -> bool:
+        """Whether calls can be made now (remote: some replica is connected)."""
+        return True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}: {self.description}>"
+
+
+def worker_error(stage: str, exc: BaseException) -> StageError:
+    """The :class:`StageError` a script sees for an exception raised by worker code."""
+    if isinstance(exc, StageError):
+        return exc
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return StageError(stage, type(exc).__name__, str(exc), tb)
+
+
+class _InlineStream:
+    """Drives an inline async generator, turning its exceptions into StageErrors."""
+
+    __slots__ = ("_agen", "_name")
+
+    def __init__(self, name: str, agen: Any) -> None:
+        self._name = name
+        self._agen = agen
+
+    def __aiter__(self) -> _InlineStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._agen.__anext__()
+        except (StopAsyncIteration, StageError):
+            raise
+        except Exception as exc:
+            raise worker_error(self._name, exc) from exc
+
+    async def aclose(self) -> None:
+        await self._agen.aclose()
+
+
+class InlineBinding(Binding):
+    """A stage served by a function, async generator, Worker or script in this process.
+
+    The request is converted to the worker's annotated request type exactly as the
+    wire would decode it; a cancelled caller cancels the worker's code directly (its
+    ``finally`` blocks run in the caller's task).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        target: Any,
+        *,
+        options: Mapping[str, Any] | None = None,
+        description: str | None = None,
+    ) -> None:
+        self.name = name
+        self.description = description or f"inline {_describe(target)}"
+        self._worker: Worker | None = None
+        self._started = False
+        fn: Callable[..., Any]
+        self.script_file: str | None = None
+        if isinstance(target, Script):
+            fn, sig = target.fn, target.signature
+            self.script_file = inspect.getsourcefile(target.fn)
+        elif isinstance(target, type) and issubclass(target, Worker):
+            self._worker = target(_worker_options(name, target, options))
+            fn = self._worker
+            sig = signature_of(target.__call__, skip_self=True)
+        elif isinstance(target, Worker):
+            self._worker = target
+            fn = target
+            sig = signature_of(type(target).__call__, skip_self=True)
+        elif inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target):
+            fn, sig = target, signature_of(target)
+        else:
+            raise TypeError(
+                f"stage {name!r}: {_describe(target)} is not an async function, async "
+                f"generator, bls.Worker subclass or @bls.script entrypoint"
+            )
+        if options and self._worker is None:
+            raise TypeError(f"stage {name!r}: options given, but {_describe(target)} takes none")
+        self._fn = fn
+        self.signature = sig
+        self._req_type = sig.request
+        self._req_fast = fast_type(sig.request)
+
+    @property
+    def worker(self) -> Worker | None:
+        return self._worker
+
+    async def start(self) -> None:
+        if self._worker is not None and not self._started:
+            await self._worker.setup()
+            self._started = True
+
+    async def aclose(self) -> None:
+        if self._worker is not None and self._started:
+            self._started = False
+            await self._worker.teardown()
+
+    def _request(self, req: Any) -> Any:
+        if self._req_fast is not None and isinstance(req, self._req_fast):
+            return req
+        try:
+            return convert(req, self._req_type)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest.from_validation(self.name, exc) from None
+
+    async def call(self, req: Any) -> Any:
+        if self.signature.streaming:
+            return await Binding.call(self, req)
+        req = self._request(req)
+        try:
+            return await self._fn(req)
+        except StageError:
+            raise
+        except Exception as exc:
+            raise worker_error(self.name, exc) from exc
+
+    def stream(self, req: Any) -> AsyncIterator[Any]:
+        if not self.signature.streaming:
+            return Binding.stream(self, req)
+        return _InlineStream(self.name, self._fn(self._request(req)))
+
+
+def _worker_options(stage: str, cls: type[Worker], options: Mapping[str, Any] | None) -> Any:
+    if cls.Options is None:
+        if options:
+            raise TypeError(f"stage {stage!r}: {cls.__qualname__} takes no options")
+        return None
+    try:
+        return msgspec.convert(dict(options or {}), cls.Options, strict=False)
+    except msgspec.ValidationError as exc:
+        err = InvalidRequest.from_validation(stage, exc)
+        raise TypeError(
+            f"stage {stage!r}: bad option for {cls.__qualname__} at {err.path}: {err.message}"
+        ) from None
+
+
+def _describe(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    module = getattr(target, "__module__", None) or type(target).__module__
+    qual = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}:{qual}"
+
+
+def _import_file(path: Path) -> Any:
+    """Import a ``.py`` file once, sharing the module with a plain ``import stem``."""
+    path = path.resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    stem = path.stem
+    existing = sys.modules.get(stem)
+    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == path:
+        return existing
+    if existing is None and stem.isidentifier():
+        name = stem
+    else:
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+        name = f"_bls_{digest}_{stem}"
+        if name in sys.modules:
+            return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_module(spec: str, base: Path | None = None) -> Any:
+    """Import ``pkg.module`` or ``path/to/file.py`` (relative to ``base``)."""
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec)
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        parent = str(path.resolve().parent)
+        if parent not in sys.path:
+            # Lets the file import its neighbours, as `python file.py` would.
+            sys.path.insert(0, parent)
+        return _import_file(path)
+    return importlib.import_module(spec)
+
+
+def load_target(target: str, base: Path | None = None) -> Any:
+    """Resolve ``module:attr`` or ``path/to/file.py:attr`` to the object it names."""
+    module_part, sep, attr = target.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ValueError(f"binding target {target!r} must look like 'module:attr' or 'file.py:attr'")
+    module = load_module(module_part, base)
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{module_part} has no attribute {attr!r} (from {target!r})") from None
+    return obj
+
+
+def is_remote(target: str) -> bool:
+    return any(part.strip().startswith(REMOTE_SCHEMES) for part in target.split(","))
+
+
+def binding_for(
+    name: str,
+    target: Any,
+    *,
+    options: Mapping[str, Any] | None = None,
+    base: Path | None = None,
+    settings: Any = None,
+) -> Binding:
+    """Make the binding for ``target``: a Binding, an object, a ``module:attr`` string,
+    or one or more comma-separated ``tcp://``/``ipc://`` addresses (remote replicas)."""
+    if isinstance(target, Binding):
+        return target
+    if isinstance(target, (list, tuple)) or (isinstance(target, str) and is_remote(target)):
+        from bls.transport.client import RemoteBinding
+
+        addrs = target if isinstance(target, (list, tuple)) else target.split(",")
+        return RemoteBinding(name, [a.strip() for a in addrs if a.strip()], settings=settings)
+    if isinstance(target, str):
+        return InlineBinding(
+            name, load_target(target, base), options=options, description=f"inline {target}"
+        )
+    return InlineBinding(name, target, options=options)

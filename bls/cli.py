@@ -1,0 +1,203 @@
+"""The ``bls`` command: ``run``, ``check``, ``worker``, ``serve``, ``keygen``.
+
+Every failure a user can cause prints one ``error: ...`` line on stderr and exits 1;
+tracebacks are for bugs (``--traceback`` shows them for script errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from . import __version__
+from .config import ConfigError
+from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .runtime import BindingError
+
+__all__ = ["main"]
+
+BACKENDS = ("asyncio", "trio")
+
+
+class UsageError(Exception):
+    """Bad command-line input (not a stage failure)."""
+
+
+def _add_binding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        metavar="NAME=TARGET",
+        help="bind a stage: module:attr, file.py:attr, or tcp://HOST:PORT[,tcp://...] "
+        "(repeatable; wins over bls.toml and --config)",
+    )
+    p.add_argument("--config", metavar="FILE", help="a bls.toml to apply over the one beside the script")
+
+
+def _add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bls",
+        description="Run, check and serve bls pipeline scripts.",
+    )
+    parser.add_argument("--version", action="version", version=f"bls {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run one request through a script",
+        description="Run one request through a script entrypoint. A unary entry prints its "
+        "result as one JSON line; a streaming entry prints one JSON line per item.",
+    )
+    run.add_argument("script", help="path to the script file")
+    run.add_argument("--entry", help="entrypoint name (optional when the script has one)")
+    run.add_argument(
+        "--input",
+        metavar="JSON",
+        help="the request as JSON, or @FILE to read it from a file (default: stdin)",
+    )
+    run.add_argument("--timeout", type=float, metavar="S", help="deadline for the request, seconds")
+    run.add_argument("--traceback", action="store_true", help="show tracebacks of script errors")
+    _add_binding_args(run)
+    _add_backend_arg(run)
+
+    check = sub.add_parser(
+        "check",
+        help="check that every stage a script uses is bound and type-compatible",
+        description="Exit 0 when every stage name the script uses is bound, called in the "
+        "right mode (unary/streaming) and type-compatible with its worker; otherwise print "
+        "each problem and exit 1. Workers are not set up (no models load).",
+    )
+    check.add_argument("script", help="path to the script file")
+    _add_binding_args(check)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Commands defined by other modules (worker, serve, keygen) add themselves here.
+_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+
+
+def _read_input(spec: str | None) -> bytes:
+    if spec is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("no input: pass --input JSON, --input @FILE, or pipe JSON on stdin")
+        data = sys.stdin.buffer.read()
+    elif spec.startswith("@"):
+        try:
+            data = Path(spec[1:]).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read input file {spec[1:]!r}: {exc.strerror}") from None
+    else:
+        data = spec.encode()
+    if not data.strip():
+        raise UsageError("empty input: the request must be a JSON value")
+    return data
+
+
+def _write_line(value: Any) -> None:
+    out = sys.stdout.buffer
+    out.write(msgspec.json.encode(value) + b"\n")
+    out.flush()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .app import App
+
+    app = App(args.script, config_file=args.config, binds=args.bind)
+    entry = app.entry(args.entry)
+    req = entry.decode(_read_input(args.input))
+
+    async def main() -> None:
+        async with app.runtime() as rt:
+            if entry.streaming:
+                async with rt.run_stream(entry, req, timeout=args.timeout) as items:
+                    async for item in items:
+                        _write_line(item)
+            else:
+                _write_line(await rt.run(entry, req, timeout=args.timeout))
+
+    anyio.run(main, backend=args.backend)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .app import App
+
+    app = App(args.script, config_file=args.config, binds=args.bind)
+
+    async def main() -> list[str]:
+        rt = app.runtime()
+        try:
+            return await rt.open()
+        finally:
+            await rt.aclose()
+
+    problems = anyio.run(main)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    names = sorted({u.name for u in app.uses} | set(app.bindings))
+    print(f"ok: {len(app.entries)} entrypoint(s), {len(names)} stage(s) bound: {', '.join(names)}")
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"run": _cmd_run, "check": _cmd_check}
+
+
+def _describe_error(exc: BaseException) -> str | None:
+    """The one-line message for an error a user caused, or None for a bug."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _describe_error(exc.exceptions[0])
+    if isinstance(exc, (InvalidRequest, StageError, StageNotBound, ConfigError, UsageError)):
+        return str(exc)
+    if isinstance(exc, BindingError):
+        return "\nerror: ".join(exc.problems)
+    if isinstance(exc, DeadlineExceeded):
+        return f"deadline exceeded: {exc}"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bls`` console script."""
+    from . import commands  # noqa: F401 - registers worker/serve/keygen
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    handler = _COMMANDS.get(args.command) or args.handler
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BaseException as exc:
+        message = _describe_error(exc)
+        if message is None:
+            if isinstance(exc, SystemExit):
+                raise
+            if not getattr(args, "traceback", False) and not os.environ.get("BLS_TRACEBACK"):
+                message = f"{type(exc).__name__}: {exc} (use --traceback for details)"
+            else:
+                raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Binding configuration: ``bls.toml`` beside the script, ``--config FILE``, ``--bind``.
+
+Later sources win per stage: ``bls.toml`` < ``--config`` < ``--bind``. Relative file
+targets (``stages.py:fn``) are resolved against the directory of the file that names
+them; ``--bind`` targets against the working directory.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .bindings import Binding, binding_for, is_remote
+
+__all__ = ["ConfigError", "StageConfig", "load_config", "make_bindings", "parse_bind"]
+
+CONFIG_NAME = "bls.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration file or flag is wrong; the message names the file and the key."""
+
+
+class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``[stages.NAME]`` in ``bls.toml``: exactly one of ``inline``/``remote``."""
+
+    inline: str | None = None
+    remote: list[str] | str | None = None
+    options: dict[str, Any] = {}
+    cache: dict[str, Any] | None = None
+    # Where relative paths in this entry are resolved from (not a TOML key).
+    base: str | None = None
+
+    def target(self) -> str | list[str]:
+        if self.remote is not None:
+            return [self.remote] if isinstance(self.remote, str) else list(self.remote)
+        assert self.inline is not None
+        return self.inline
+
+
+class TransportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``[transport]`` in ``bls.toml``: settings for remote bindings."""
+
+    heartbeat_s: float = 0.25
+    dead_after_s: float = 1.0
+    connect_timeout_s: float = 5.0
+    max_frame_bytes: int = 256 * 1024 * 1024
+    curve_server_key: str | None = None
+    curve_secret: str | None = None
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True):
+    stages: dict[str, StageConfig] = {}
+    transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
+
+
+def _read(path: Path) -> Config:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    for name, stage in config.stages.items():
+        if (stage.inline is None) == (stage.remote is None):
+            raise ConfigError(f"{path}: [stages.{name}] needs exactly one of 'inline' or 'remote'")
+        stage.base = str(path.parent.resolve())
+    return config
+
+
+def parse_bind(spec: str) -> tuple[str, StageConfig]:
+    """``NAME=TARGET`` from the command line (TARGET inline or comma-separated remotes)."""
+    name, sep, target = spec.partition("=")
+    name, target = name.strip(), target.strip()
+    if not sep or not name or not target:
+        raise ConfigError(f"--bind {spec!r}: expected NAME=TARGET (e.g. judge=stages.py:judge)")
+    base = str(Path.cwd())
+    if is_remote(target):
+        return name, StageConfig(remote=[t.strip() for t in target.split(",")], base=base)
+    return name, StageConfig(inline=target, base=base)
+
+
+def load_config(
+    script: str | Path | None,
+    config_file: str | Path | None = None,
+    binds: Iterable[str] = (),
+    options: dict[str, dict[str, Any]] | None = None,
+) -> Config:
+    """Merge ``bls.toml`` beside ``script``, ``config_file`` and ``binds``, in that order."""
+    merged = Config()
+    sources: list[Path] = []
+    if script is not None:
+        beside = Path(script).resolve().parent / CONFIG_NAME
+        if beside.is_file():
+            sources.append(beside)
+    if config_file is not None:
+        sources.append(Path(config_file))
+    for source in sources:
+        config = _read(source)
+        for name, stage_config in config.stages.items():
+            previous = merged.stages.get(name)
+            if previous is not None and not stage_config.options:
+                stage_config.options = previous.options  # rebinding keeps the options
+            merged.stages[name] = stage_config
+        if config.transport != TransportConfig():
+            merged.transport = config.transport
+    for spec in binds:
+        name, stage_config = parse_bind(spec)
+        previous = merged.stages.get(name)
+        if previous is not None:
+            stage_config.options = previous.options
+        merged.stages[name] = stage_config
+    for name, extra in (options or {}).items():
+        if name not in merged.stages:
+            raise ConfigError(f"--option for stage {name!r}, which is not bound")
+        merged.stages[name].options = {**merged.stages[name].options, **extra}
+    return merged
+
+
+def make_bindings(config: Config) -> dict[str, Binding]:
+    """Turn a merged configuration into bindings (imports inline targets; no set-up)."""
+    bindings: dict[str, Binding] = {}
+    for name, stage in config.stages.items():
+        base = Path(stage.base) if stage.base else None
+        try:
+            binding = binding_for(
+                name, stage.target(), options=stage.options, base=base, settings=config.transport
+            )
+        except (ImportError, ValueError, TypeError, FileNotFoundError, SyntaxError) as exc:
+            raise ConfigError(f"stage {name!r}: cannot bind {stage.target()!r}: {exc}") from exc
+        if stage.cache is not None:
+            raise ConfigError(f"stage {name!r}: 'cache' is not supported by this version of bls")
+        bindings[name] = binding
+    return bindings

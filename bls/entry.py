@@ -1,0 +1,101 @@
+"""``@bls.script``: marking a function as an entrypoint that can be served and bound."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, overload
+
+import msgspec
+
+from .errors import InvalidRequest
+from .messages import Signature, convert, signature_of
+
+__all__ = ["Script", "entries", "script"]
+
+
+class Script:
+    """An entrypoint: an ``async def`` (unary) or async generator (streaming) function.
+
+    Calling the object calls the function. A script can itself be bound as another
+    script's stage, inline (``file.py:name``) or behind ``bls worker``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None, openai: str | None = None):
+        if not (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)):
+            raise TypeError(
+                f"@bls.script needs an 'async def' function or async generator, "
+                f"got {fn!r}"
+            )
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.openai = openai
+        self.signature: Signature = signature_of(fn)
+        functools.update_wrapper(self, fn)
+
+    @property
+    def streaming(self) -> bool:
+        return self.signature.streaming
+
+    def __call__(self, req: Any) -> Any:
+        return self.fn(req)
+
+    def __repr__(self) -> str:
+        kind = "streaming" if self.streaming else "unary"
+        return f"<bls.script {self.name} ({kind})>"
+
+    def decode(self, data: bytes | str) -> Any:
+        """Decode a JSON request body into the entry's request type.
+
+        Raises :class:`InvalidRequest` naming the entry and the field path.
+        """
+        try:
+            return msgspec.json.decode(data, type=self.signature.request)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise InvalidRequest.from_validation(self.name, exc) from None
+
+    def coerce(self, req: Any) -> Any:
+        """Convert an already-decoded value to the request type (InvalidRequest on failure)."""
+        try:
+            return convert(req, self.signature.request)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest.from_validation(self.name, exc) from None
+
+
+@overload
+def script(fn: Callable[..., Any], /) -> Script: ...
+@overload
+def script(
+    *, name: str | None = None, openai: str | None = None
+) -> Callable[[Callable[..., Any]], Script]: ...
+def script(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    openai: str | None = None,
+) -> Script | Callable[[Callable[..., Any]], Script]:
+    """Mark an entrypoint, bare (``@bls.script``) or with options.
+
+    ``name`` overrides the function's name (the route is ``/v1/scripts/<name>``);
+    ``openai="chat"`` also serves the entry at ``/v1/chat/completions``.
+    """
+    if fn is not None:
+        return Script(fn)
+
+    def wrap(f: Callable[..., Any]) -> Script:
+        return Script(f, name=name, openai=openai)
+
+    return wrap
+
+
+def entries(module: Any) -> dict[str, Script]:
+    """The entrypoints a module defines, by name, in definition order."""
+    found: dict[str, Script] = {}
+    for value in vars(module).values():
+        if isinstance(value, Script) and value.fn.__module__ == module.__name__:
+            if value.name in found and found[value.name] is not value:
+                raise ValueError(f"two entrypoints are named {value.name!r} in {module.__name__}")
+            found[value.name] = value
+    return found

@@ -1,0 +1,109 @@
+"""The errors a script sees at an ``await`` on a stage.
+
+Every error that crosses a stage boundary is a :class:`StageError` (or a subclass) and
+carries the stage's name, so a script can ``except StageError`` and branch on
+``err.kind``. The same error arrives whether the stage is bound inline or remote.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["DeadlineExceeded", "InvalidRequest", "StageError", "StageNotBound"]
+
+
+class StageError(Exception):
+    """A stage call failed.
+
+    ``kind`` says why. For an exception raised by the worker's own code it is the
+    exception's type name (``"ValueError"``); the transport and runtime use these
+    lower-case kinds:
+
+    - ``"invalid_request"``: the request did not validate against the worker's type
+      (raised as :class:`InvalidRequest`, which has the field ``path``).
+    - ``"invalid_response"``: the worker's result did not match the declared type.
+    - ``"wrong_mode"``: a unary call to a streaming stage, or the reverse.
+    - ``"unavailable"``: no replica could be reached, or it died mid-call.
+    - ``"overloaded"``: every replica refused the call at its in-flight limit.
+
+    ``remote_traceback`` holds the worker's traceback text when there is one.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        kind: str,
+        message: str,
+        remote_traceback: str | None = None,
+    ) -> None:
+        super().__init__(stage, kind, message, remote_traceback)
+        self.stage = stage
+        self.kind = kind
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        return f"stage {self.stage!r} failed ({self.kind}): {self.message}"
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None]]:
+        return (type(self), (self.stage, self.kind, self.message, self.remote_traceback))
+
+
+_PATH = re.compile(r" - at `(?P<path>[^`]*)`$")
+
+
+class InvalidRequest(StageError):
+    """A request did not validate against the type the stage (or entry) expects.
+
+    ``path`` is msgspec's field path into the request, such as ``"$.items[2].text"``,
+    or ``"$"`` when the whole value had the wrong shape.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        message: str,
+        path: str = "$",
+        remote_traceback: str | None = None,
+    ) -> None:
+        StageError.__init__(self, stage, "invalid_request", message, remote_traceback)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"invalid request for {self.stage!r} at {self.path}: {self.message}"
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None]]:
+        return (type(self), (self.stage, self.message, self.path, self.remote_traceback))
+
+    @classmethod
+    def from_validation(cls, stage: str, error: Exception) -> InvalidRequest:
+        """Build one from a ``msgspec.ValidationError``/``DecodeError``, keeping its path."""
+        text = str(error)
+        match = _PATH.search(text)
+        if match is None:
+            return cls(stage, text, "$")
+        return cls(stage, text[: match.start()], match.group("path"))
+
+
+class StageNotBound(LookupError):
+    """A script used a stage name that has no binding.
+
+    Deliberately not a :class:`StageError`: a script's ``except StageError`` fallback
+    must not hide a configuration mistake.
+    """
+
+    def __init__(self, stage: str, known: list[str] | None = None) -> None:
+        self.stage = stage
+        self.known = sorted(known or [])
+        hint = f" (bound stages: {', '.join(self.known)})" if self.known else ""
+        super().__init__(
+            f"stage {stage!r} is not bound: add [stages.{stage}] to bls.toml "
+            f"or pass --bind {stage}=TARGET{hint}"
+        )
+
+
+class DeadlineExceeded(TimeoutError):
+    """A :func:`bls.timeout` (or the request's deadline) ran out.
+
+    Everything under the expired scope was cancelled first, remote work included.
+    """

@@ -1,0 +1,165 @@
+"""Messages and the type rules that make inline and remote stages interchangeable.
+
+A value crossing a stage boundary is converted to the type that the receiving side
+declared. Inline bindings apply the same rules the wire applies, so a script sees the
+same Python types and values either way:
+
+- a request is converted to the worker's annotated request type;
+- a result is converted to the type registered for the stage by a typed handle, or
+  else to the worker's annotated return type;
+- with no type known, a value becomes msgspec "builtins" (dicts, lists, scalars), which
+  is what a decoded wire payload is.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = ["Message", "Signature", "compatible", "convert", "signature_of", "type_name"]
+
+
+class Message(msgspec.Struct, kw_only=True):
+    """Base class for every request, response and stream item.
+
+    A ``msgspec.Struct``: declare fields with annotations, get validation at every
+    boundary (HTTP, the wire, inline stage calls) and fast encoding.
+    """
+
+
+_STREAM_ORIGINS = {
+    collections.abc.AsyncIterator,
+    collections.abc.AsyncIterable,
+    collections.abc.AsyncGenerator,
+}
+
+
+class Signature(msgspec.Struct, frozen=True):
+    """What a worker or script takes and gives, read from its annotations."""
+
+    request: Any
+    response: Any
+    streaming: bool
+
+
+def signature_of(fn: Callable[..., Any], *, skip_self: bool = False) -> Signature:
+    """Read the request type (first parameter) and response/item type of ``fn``.
+
+    Missing annotations are ``Any``. For an async generator the item type comes from an
+    ``AsyncIterator[T]``/``AsyncGenerator[T, None]`` return annotation.
+    """
+    streaming = inspect.isasyncgenfunction(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = getattr(fn, "__annotations__", {}) or {}
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if skip_self and params:
+        params = params[1:]
+    request = hints.get(params[0].name, Any) if params else Any
+    response = hints.get("return", Any)
+    if streaming and typing.get_origin(response) in _STREAM_ORIGINS:
+        args = typing.get_args(response)
+        response = args[0] if args else Any
+    elif streaming:
+        response = Any
+    return Signature(request=request, response=response, streaming=streaming)
+
+
+def type_name(tp: Any) -> str:
+    """A readable name for a type, for error messages."""
+    if tp is Any:
+        return "Any"
+    if isinstance(tp, type):
+        return f"{tp.__module__}.{tp.__qualname__}" if tp.__module__ != "builtins" else tp.__name__
+    return repr(tp)
+
+
+def _to_builtins(value: Any) -> Any:
+    try:
+        return msgspec.to_builtins(value, builtin_types=(bytes, bytearray, memoryview))
+    except TypeError:
+        # Arrays and tensors: left as they are, as the wire hands them over.
+        return value
+
+
+def convert(value: Any, tp: Any) -> Any:
+    """Convert ``value`` to ``tp`` the way a decoded wire payload would be.
+
+    Raises ``msgspec.ValidationError`` (with the field path) when it cannot.
+    """
+    if tp is Any:
+        return _to_builtins(value)
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    return msgspec.convert(value, tp, from_attributes=True, builtin_types=(bytes, bytearray))
+
+
+def fast_type(tp: Any) -> type | None:
+    """The class to ``isinstance``-check against to skip conversion, if there is one."""
+    if tp is Any or not isinstance(tp, type):
+        return None
+    return tp
+
+
+def _normalise(schema: Any, defs: dict[str, Any], depth: int = 0) -> Any:
+    """A JSON schema with refs inlined and names dropped: two types with the same shape
+    but different class names normalise to the same value."""
+    if depth > 32:
+        return "<recursive>"
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            return _normalise(defs.get(ref.rsplit("/", 1)[-1], {}), defs, depth + 1)
+        return {
+            k: _normalise(v, defs, depth + 1)
+            for k, v in schema.items()
+            if k not in ("title", "description", "$defs", "examples")
+        }
+    if isinstance(schema, list):
+        return [_normalise(v, defs, depth + 1) for v in schema]
+    return schema
+
+
+def json_schema(tp: Any) -> dict[str, Any]:
+    """The JSON schema of a type (``{}`` for ``Any``)."""
+    if tp is Any:
+        return {}
+    try:
+        return msgspec.json.schema(tp)
+    except (TypeError, ValueError):
+        return {}
+
+
+def shape(schema: dict[str, Any]) -> Any:
+    """Normalised shape of a JSON schema, for comparing types across processes."""
+    return _normalise(schema, schema.get("$defs", {}))
+
+
+def compatible(declared: Any, actual: Any) -> bool:
+    """Whether a value of type ``actual`` is acceptable where ``declared`` is expected.
+
+    ``Any`` on either side, the same class, a subclass, or the same shape (same fields
+    and field types under other class names) are all compatible.
+    """
+    if declared is Any or actual is Any or declared == actual:
+        return True
+    if isinstance(declared, type) and isinstance(actual, type) and issubclass(actual, declared):
+        return True
+    return shape_compatible(json_schema(declared), json_schema(actual))
+
+
+def shape_compatible(declared: dict[str, Any], actual: dict[str, Any]) -> bool:
+    """Schema-level :func:`compatible`, for types known only by their JSON schema."""
+    if not declared or not actual:
+        return True
+    return bool(shape(declared) == shape(actual))

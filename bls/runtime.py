@@ -1,0 +1,376 @@
+"""The runtime: the bindings in force, the stage types declared, and request scopes.
+
+A :class:`Runtime` is entered once per process (``bls run``/``serve``/``worker`` do it)
+or by a library user (``async with bls.Runtime({...})``). While it is entered, every
+``stage()`` call in that task and the tasks it spawns resolves through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import aclosing, asynccontextmanager
+from types import TracebackType
+from typing import Any
+
+import anyio
+import msgspec
+
+from .bindings import Binding, binding_for
+from .check import StageUse
+from .entry import Script
+from .errors import DeadlineExceeded, StageError, StageNotBound
+from .messages import Signature, compatible, convert, fast_type, type_name
+
+__all__ = ["BindingError", "Runtime", "StageStream", "current", "declare", "declared"]
+
+_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("bls_runtime", default=None)
+_declared: dict[str, Signature] = {}
+
+
+class BindingError(Exception):
+    """Bindings and the script disagree (unbound stage, type or mode mismatch).
+
+    Raised before the first request; ``problems`` lists every one found.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def declare(name: str, signature: Signature) -> None:
+    """Register the request/response types a typed handle declares for ``name``."""
+    previous = _declared.get(name)
+    if previous is not None and previous != signature:
+        raise TypeError(
+            f"stage {name!r} is declared twice with different types: "
+            f"{_sig_text(previous)} and {_sig_text(signature)}"
+        )
+    _declared[name] = signature
+
+
+def declared(name: str) -> Signature | None:
+    """The types declared for a stage name by a typed handle, if any."""
+    return _declared.get(name)
+
+
+def _sig_text(sig: Signature) -> str:
+    arrow = "->>" if sig.streaming else "->"
+    return f"{type_name(sig.request)} {arrow} {type_name(sig.response)}"
+
+
+def current() -> Runtime:
+    """The runtime serving the current task. RuntimeError outside of one."""
+    rt = _current.get()
+    if rt is None:
+        raise RuntimeError(
+            "bls.stage() was called outside a running bls script: run it with `bls run`/"
+            "`bls serve`, or inside `async with bls.Runtime({...})`"
+        )
+    return rt
+
+
+def type_problems(name: str, binding: Binding) -> list[str]:
+    """Why a typed handle's declared types and a binding's signature disagree."""
+    decl = _declared.get(name)
+    if decl is None:
+        return []
+    sig = binding.signature
+    problems = []
+    if decl.streaming != sig.streaming:
+        want = "streaming (StreamStage)" if decl.streaming else "unary (Stage)"
+        have = "a streaming worker" if sig.streaming else "a unary worker"
+        problems.append(f"stage {name!r} is declared {want} but bound to {have} ({binding.description})")
+    if not compatible(sig.request, decl.request):
+        problems.append(
+            f"stage {name!r}: the script sends {type_name(decl.request)} but the worker "
+            f"({binding.description}) takes {type_name(sig.request)}"
+        )
+    if not compatible(decl.response, sig.response):
+        problems.append(
+            f"stage {name!r}: the script expects {type_name(decl.response)} but the worker "
+            f"({binding.description}) returns {type_name(sig.response)}"
+        )
+    return problems
+
+
+def use_problems(uses: Iterable[StageUse], bindings: Mapping[str, Binding]) -> list[str]:
+    """Stage names a script's source uses that are unbound or called in the wrong mode."""
+    problems: list[str] = []
+    seen: set[tuple[str, bool]] = set()
+    for use in uses:
+        if (use.name, use.streaming) in seen:
+            continue
+        seen.add((use.name, use.streaming))
+        where = f"{use.file}:{use.line}"
+        binding = bindings.get(use.name)
+        if binding is None:
+            problems.append(f"stage {use.name!r} is not bound (used at {where})")
+        elif _declared.get(use.name) is None and use.streaming != binding.signature.streaming:
+            # With a typed handle, type_problems() has compared the modes already.
+            want = "stage.stream()" if use.streaming else "stage()"
+            have = "streaming" if binding.signature.streaming else "unary"
+            problems.append(
+                f"stage {use.name!r} is called with {want} at {where} but is bound to a "
+                f"{have} worker ({binding.description})"
+            )
+    return problems
+
+
+class StageStream:
+    """The async iterator returned by ``stage.stream(name, req)``.
+
+    Items are converted to the declared item type. Leaving the loop early, an error or a
+    cancel closes the underlying stream (the worker's generator is closed, a remote call
+    is cancelled); use ``async with stage.stream(...) as items`` to close it at a known
+    point rather than when the iterator is collected.
+    """
+
+    __slots__ = ("_binding", "_fast", "_it", "_name", "_req", "_type")
+
+    def __init__(self, name: str, binding: Binding, req: Any, item_type: Any) -> None:
+        self._name = name
+        self._binding = binding
+        self._req = req
+        self._type = item_type
+        self._fast = fast_type(item_type)
+        self._it: AsyncIterator[Any] | None = None
+
+    def __aiter__(self) -> StageStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._it is None:
+            self._it = self._binding.stream(self._req)
+        item = await self._it.__anext__()
+        if self._fast is not None and isinstance(item, self._fast):
+            return item
+        return _convert_out(self._name, item, self._type)
+
+    async def aclose(self) -> None:
+        it, self._it = self._it, None
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def __aenter__(self) -> StageStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _convert_out(name: str, value: Any, tp: Any) -> Any:
+    try:
+        return convert(value, tp)
+    except msgspec.ValidationError as exc:
+        raise StageError(
+            name, "invalid_response", f"result does not match {type_name(tp)}: {exc}"
+        ) from None
+
+
+class Runtime:
+    """The bindings for a process, entered as an async context manager.
+
+    ``bindings`` maps stage names to :class:`Binding` objects or to anything
+    :func:`bls.bindings.binding_for` accepts (a function, a Worker, ``"module:attr"``,
+    ``"tcp://host:port"``). Entering opens every binding, checks declared types
+    (:class:`BindingError` on any mismatch, before any set-up), then sets the workers
+    up; leaving tears them down, also on error or cancellation.
+    """
+
+    def __init__(
+        self, bindings: Mapping[str, Any] | None = None, *, uses: Iterable[StageUse] = ()
+    ) -> None:
+        self._uses = list(uses)
+        self._bindings: dict[str, Binding] = {
+            name: binding_for(name, target) for name, target in (bindings or {}).items()
+        }
+        self._out: dict[str, tuple[Any, type | None]] = {}
+        self._token: contextvars.Token[Runtime | None] | None = None
+        self._opened: list[Binding] = []
+
+    @property
+    def bindings(self) -> Mapping[str, Binding]:
+        return self._bindings
+
+    def binding(self, name: str) -> Binding:
+        try:
+            return self._bindings[name]
+        except KeyError:
+            raise StageNotBound(name, list(self._bindings)) from None
+
+    async def open(self) -> list[str]:
+        """Open every binding and return the type problems found (no set-up)."""
+        problems: list[str] = []
+        for name, binding in self._bindings.items():
+            await binding.open()
+            self._opened.append(binding)
+            problems.extend(type_problems(name, binding))
+        problems.extend(use_problems(self._uses, self._bindings))
+        for name, binding in self._bindings.items():
+            decl = _declared.get(name)
+            tp = decl.response if decl is not None else binding.signature.response
+            self._out[name] = (tp, fast_type(tp))
+        return problems
+
+    async def start(self) -> None:
+        problems = await self.open()
+        if problems:
+            raise BindingError(problems)
+        for binding in self._bindings.values():
+            await binding.start()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            first: BaseException | None = None
+            for binding in reversed(self._opened):
+                try:
+                    await binding.aclose()
+                except Exception as exc:  # keep closing the others
+                    first = first or exc
+            self._opened.clear()
+            if first is not None:
+                raise first
+
+    async def __aenter__(self) -> Runtime:
+        try:
+            await self.start()
+        except BaseException:
+            await self.aclose()
+            raise
+        self._token = _current.set(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            try:
+                _current.reset(self._token)
+            except ValueError:  # exited from another context (e.g. a fixture's task)
+                _current.set(None)
+            self._token = None
+        await self.aclose()
+
+    # -- stage calls ------------------------------------------------------------------
+
+    async def call(self, name: str, req: Any) -> Any:
+        """Call a unary stage; the result has the declared (or worker's) type."""
+        binding = self._bindings.get(name)
+        if binding is None:
+            raise StageNotBound(name, list(self._bindings))
+        result = await binding.call(req)
+        tp, fast = self._out[name]
+        if fast is not None and isinstance(result, fast):
+            return result
+        return _convert_out(name, result, tp)
+
+    def stream(self, name: str, req: Any) -> StageStream:
+        """Open a streaming stage call (lazily: nothing is sent until iterated)."""
+        binding = self.binding(name)
+        return StageStream(name, binding, req, self._out[name][0])
+
+    # -- requests ---------------------------------------------------------------------
+
+    def _scope(self, timeout: float | None) -> anyio.CancelScope:
+        deadline = math.inf if timeout is None else anyio.current_time() + timeout
+        return anyio.CancelScope(deadline=deadline)
+
+    async def run(self, entry: Script, req: Any, *, timeout: float | None = None) -> Any:
+        """Run a unary entry as one request under its own cancel scope.
+
+        ``req`` is converted to the entry's request type (InvalidRequest on failure).
+        A ``timeout`` cancels everything under the request, remote work included, then
+        raises :class:`DeadlineExceeded`. Streaming entries: use :meth:`run_stream`.
+        """
+        if entry.streaming:
+            raise TypeError(f"entry {entry.name!r} is streaming: use run_stream()")
+        req = entry.coerce(req)
+        token = _current.set(self)
+        try:
+            with self._scope(timeout):
+                return await entry.fn(req)
+            raise _deadline(entry, timeout)
+        finally:
+            _current.reset(token)
+
+    @asynccontextmanager
+    async def run_stream(
+        self, entry: Script, req: Any, *, timeout: float | None = None
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """Run a streaming entry as one request: ``async with rt.run_stream(e, r) as items``.
+
+        The entry runs in its own task under the request's cancel scope and hands items
+        over one at a time (no buffering: a slow reader pauses the script). An error in
+        the script is raised from the iterator at the point it happened. Leaving the
+        block early cancels the script and everything under it.
+        """
+        if not entry.streaming:
+            raise TypeError(f"entry {entry.name!r} is unary: use run()")
+        req = entry.coerce(req)
+        send, receive = anyio.create_memory_object_stream[Any](0)
+
+        async def produce() -> None:
+            token = _current.set(self)
+            async with send:
+                try:
+                    with self._scope(timeout):
+                        async with aclosing(entry.fn(req)) as agen:
+                            async for item in agen:
+                                await send.send(item)
+                        return
+                    await send.send(_Failure(_deadline(entry, timeout)))
+                except anyio.BrokenResourceError:
+                    pass  # the reader went away
+                except Exception as exc:
+                    with contextlib.suppress(anyio.BrokenResourceError):
+                        await send.send(_Failure(exc))
+                finally:
+                    _current.reset(token)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            try:
+                async with receive:
+                    yield _Items(receive)
+            finally:
+                tg.cancel_scope.cancel()
+
+
+def _deadline(entry: Script, timeout: float | None) -> DeadlineExceeded:
+    return DeadlineExceeded(f"request to {entry.name!r} exceeded its {timeout}s deadline")
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Items:
+    """The reader's side of :meth:`Runtime.run_stream`."""
+
+    __slots__ = ("_receive",)
+
+    def __init__(self, receive: Any) -> None:
+        self._receive = receive
+
+    def __aiter__(self) -> _Items:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            item = await self._receive.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+        if isinstance(item, _Failure):
+            raise item.error
+        return item

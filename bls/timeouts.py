@@ -1,0 +1,57 @@
+"""``bls.timeout``: deadlines for a block of a script."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import anyio
+
+from .errors import DeadlineExceeded
+
+__all__ = ["timeout"]
+
+
+class timeout:  # noqa: N801 - used like a function: `async with bls.timeout(2):`
+    """Cancel the block after ``seconds`` and raise :class:`bls.DeadlineExceeded`.
+
+    ``async with bls.timeout(0.5): ...`` (plain ``with`` works too). Everything started
+    inside is cancelled when it expires: stage calls, fan-out, and the work inside remote
+    workers, which also receive the absolute deadline with each call so they stop on
+    time even if the cancel message is lost. Nested timeouts take the earliest deadline.
+    """
+
+    __slots__ = ("_scope", "seconds")
+
+    def __init__(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"bls.timeout() needs seconds >= 0, got {seconds!r}")
+        self.seconds = seconds
+        self._scope: anyio.CancelScope | None = None
+
+    def __enter__(self) -> anyio.CancelScope:
+        self._scope = anyio.CancelScope(deadline=anyio.current_time() + self.seconds)
+        return self._scope.__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._scope is not None
+        scope, self._scope = self._scope, None
+        swallowed = scope.__exit__(exc_type, exc, tb)
+        if scope.cancelled_caught and scope.deadline <= anyio.current_time():
+            raise DeadlineExceeded(f"deadline of {self.seconds}s exceeded")
+        return bool(swallowed)
+
+    async def __aenter__(self) -> anyio.CancelScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)

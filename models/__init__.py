@@ -1,0 +1,1 @@
+"""bls.models: real workers (encoders, vLLM), adapters and caches."""

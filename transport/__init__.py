@@ -1,0 +1,1 @@
+"""bls.transport: the ZeroMQ wire protocol, client, worker server and discovery."""
