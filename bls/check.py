@@ -7,7 +7,6 @@ from pathlib import Path
 
 import msgspec
 
-
 __all__ = ["StageUse", "find_stage_uses"]
 
 

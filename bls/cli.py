@@ -39,11 +39,15 @@ def _add_binding_args(p: argparse.ArgumentParser) -> None:
         help="bind a stage: module:attr, file.py:attr, or tcp://HOST:PORT[,tcp://...] "
         "(repeatable; wins over bls.toml and --config)",
     )
-    p.add_argument("--config", metavar="FILE", help="a bls.toml to apply over the one beside the script")
+    p.add_argument(
+        "--config", metavar="FILE", help="a bls.toml to apply over the one beside the script"
+    )
 
 
 def _add_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)")
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

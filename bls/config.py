@@ -65,10 +65,18 @@ def _read(path: Path) -> Config:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    stages = raw.pop("stages", {})
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if not isinstance(stages, dict):
+        raise ConfigError(f"{path}: 'stages' must be a table of [stages.NAME] tables")
+    for name, table in stages.items():
+        try:
+            config.stages[name] = msgspec.convert(table, StageConfig)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{path}: [stages.{name}]: {exc}") from None
     for name, stage in config.stages.items():
         if (stage.inline is None) == (stage.remote is None):
             raise ConfigError(f"{path}: [stages.{name}] needs exactly one of 'inline' or 'remote'")

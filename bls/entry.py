@@ -25,8 +25,7 @@ class Script:
     def __init__(self, fn: Callable[..., Any], name: str | None = None, openai: str | None = None):
         if not (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)):
             raise TypeError(
-                f"@bls.script needs an 'async def' function or async generator, "
-                f"got {fn!r}"
+                f"@bls.script needs an 'async def' function or async generator, got {fn!r}"
             )
         self.fn = fn
         self.name = name or fn.__name__

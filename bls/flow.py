@@ -77,7 +77,7 @@ async def race(*aws: Awaitable[T]) -> T:
     raise errors[0]
 
 
-async def map(  # noqa: A001 - mirrors the builtin on purpose: bls.map
+async def map(
     fn: Callable[[T], Awaitable[U]], items: Iterable[T], *, limit: int | None = None
 ) -> list[U]:
     """Apply ``fn`` to every item with at most ``limit`` calls in flight; results in order.

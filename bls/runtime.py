@@ -10,23 +10,24 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 import anyio
-import msgspec
 
 from .bindings import Binding, binding_for
 from .check import StageUse
 from .entry import Script
-from .errors import DeadlineExceeded, StageError, StageNotBound
-from .messages import Signature, compatible, convert, fast_type, type_name
+from .errors import DeadlineExceeded, StageNotBound
+from .messages import Signature, compatible, type_name
 
 __all__ = ["BindingError", "Runtime", "StageStream", "current", "declare", "declared"]
 
-_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("bls_runtime", default=None)
+_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
+    "bls_runtime", default=None
+)
 _declared: dict[str, Signature] = {}
 
 
@@ -45,9 +46,11 @@ def declare(name: str, signature: Signature) -> None:
     """Register the request/response types a typed handle declares for ``name``."""
     previous = _declared.get(name)
     if previous is not None and previous != signature:
+        first, second = _sig_text(previous), _sig_text(signature)
+        hint = " (different classes with the same name: is a module imported twice?)"
         raise TypeError(
-            f"stage {name!r} is declared twice with different types: "
-            f"{_sig_text(previous)} and {_sig_text(signature)}"
+            f"stage {name!r} is declared twice with different types: {first} and {second}"
+            + (hint if first == second else "")
         )
     _declared[name] = signature
 
@@ -83,7 +86,9 @@ def type_problems(name: str, binding: Binding) -> list[str]:
     if decl.streaming != sig.streaming:
         want = "streaming (StreamStage)" if decl.streaming else "unary (Stage)"
         have = "a streaming worker" if sig.streaming else "a unary worker"
-        problems.append(f"stage {name!r} is declared {want} but bound to {have} ({binding.description})")
+        problems.append(
+            f"stage {name!r} is declared {want} but bound to {have} ({binding.description})"
+        )
     if not compatible(sig.request, decl.request):
         problems.append(
             f"stage {name!r}: the script sends {type_name(decl.request)} but the worker "
@@ -129,14 +134,11 @@ class StageStream:
     point rather than when the iterator is collected.
     """
 
-    __slots__ = ("_binding", "_fast", "_it", "_name", "_req", "_type")
+    __slots__ = ("_binding", "_it", "_req")
 
-    def __init__(self, name: str, binding: Binding, req: Any, item_type: Any) -> None:
-        self._name = name
+    def __init__(self, binding: Binding, req: Any) -> None:
         self._binding = binding
         self._req = req
-        self._type = item_type
-        self._fast = fast_type(item_type)
         self._it: AsyncIterator[Any] | None = None
 
     def __aiter__(self) -> StageStream:
@@ -145,10 +147,7 @@ class StageStream:
     async def __anext__(self) -> Any:
         if self._it is None:
             self._it = self._binding.stream(self._req)
-        item = await self._it.__anext__()
-        if self._fast is not None and isinstance(item, self._fast):
-            return item
-        return _convert_out(self._name, item, self._type)
+        return self._binding.result(await self._it.__anext__())
 
     async def aclose(self) -> None:
         it, self._it = self._it, None
@@ -163,13 +162,8 @@ class StageStream:
         await self.aclose()
 
 
-def _convert_out(name: str, value: Any, tp: Any) -> Any:
-    try:
-        return convert(value, tp)
-    except msgspec.ValidationError as exc:
-        raise StageError(
-            name, "invalid_response", f"result does not match {type_name(tp)}: {exc}"
-        ) from None
+async def _not_bound(name: str, known: list[str]) -> Any:
+    raise StageNotBound(name, known)
 
 
 class Runtime:
@@ -189,7 +183,6 @@ class Runtime:
         self._bindings: dict[str, Binding] = {
             name: binding_for(name, target) for name, target in (bindings or {}).items()
         }
-        self._out: dict[str, tuple[Any, type | None]] = {}
         self._token: contextvars.Token[Runtime | None] | None = None
         self._opened: list[Binding] = []
 
@@ -213,8 +206,7 @@ class Runtime:
         problems.extend(use_problems(self._uses, self._bindings))
         for name, binding in self._bindings.items():
             decl = _declared.get(name)
-            tp = decl.response if decl is not None else binding.signature.response
-            self._out[name] = (tp, fast_type(tp))
+            binding.expect(decl.response if decl is not None else binding.signature.response)
         return problems
 
     async def start(self) -> None:
@@ -261,21 +253,16 @@ class Runtime:
 
     # -- stage calls ------------------------------------------------------------------
 
-    async def call(self, name: str, req: Any) -> Any:
-        """Call a unary stage; the result has the declared (or worker's) type."""
+    def call(self, name: str, req: Any) -> Coroutine[Any, Any, Any]:
+        """Call a unary stage; awaiting gives the result in the declared (or worker's) type."""
         binding = self._bindings.get(name)
         if binding is None:
-            raise StageNotBound(name, list(self._bindings))
-        result = await binding.call(req)
-        tp, fast = self._out[name]
-        if fast is not None and isinstance(result, fast):
-            return result
-        return _convert_out(name, result, tp)
+            return _not_bound(name, list(self._bindings))
+        return binding.invoke(req)
 
     def stream(self, name: str, req: Any) -> StageStream:
         """Open a streaming stage call (lazily: nothing is sent until iterated)."""
-        binding = self.binding(name)
-        return StageStream(name, binding, req, self._out[name][0])
+        return StageStream(self.binding(name), req)
 
     # -- requests ---------------------------------------------------------------------
 
@@ -335,13 +322,18 @@ class Runtime:
                 finally:
                     _current.reset(token)
 
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(produce)
             try:
                 async with receive:
                     yield _Items(receive)
+            except Exception as exc:
+                failure = exc  # raised below as itself, not inside an ExceptionGroup
             finally:
                 tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
 
 def _deadline(entry: Script, timeout: float | None) -> DeadlineExceeded:

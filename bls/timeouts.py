@@ -11,7 +11,7 @@ from .errors import DeadlineExceeded
 __all__ = ["timeout"]
 
 
-class timeout:  # noqa: N801 - used like a function: `async with bls.timeout(2):`
+class timeout:
     """Cancel the block after ``seconds`` and raise :class:`bls.DeadlineExceeded`.
 
     ``async with bls.timeout(0.5): ...`` (plain ``with`` works too). Everything started

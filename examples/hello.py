@@ -8,7 +8,6 @@ changes.
 """
 
 import bls
-from bls import stage
 
 
 class Ask(bls.Message):

@@ -1,0 +1,33 @@
+"""Running the real ``bls`` console script in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BLS = str(Path(sys.executable).with_name("bls"))
+
+
+def bls_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("BLS_TRACEBACK", None)
+    env.update(extra)
+    return env
+
+
+def run_bls(
+    *args: str, input: str | None = None, timeout: float = 60, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run ``bls ARGS`` to completion; output as text."""
+    return subprocess.run(
+        [BLS, *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=bls_env(),
+    )

@@ -1,0 +1,169 @@
+"""`bls run` / `bls check` as real subprocesses: output lines, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .cli import ROOT, run_bls
+
+REVIEW = str(ROOT / "tests/e2e/pipelines/review.py")
+BACKENDS = ["asyncio", "trio"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hello_example(backend: str) -> None:
+    out = run_bls("run", "examples/hello.py", "--input", '{"text": "hi"}', "--backend", backend)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "text": "Hi!",
+        "attempts": 2,
+        "accepted": True,
+        "reasons": ["should start with a capital letter"],
+    }
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pipeline_with_every_primitive(backend: str) -> None:
+    request = {"words": ["aab", "abcd", "xyz"], "rounds": 3, "patience": 0.05}
+    out = run_bls(
+        "run", REVIEW, "--entry", "review", "--input", json.dumps(request), "--backend", backend
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "scores": [2, 4, 3],
+        "best": "abcd",
+        "fastest": "ABCD",
+        "rounds_used": 2,
+        "timed_out": True,
+    }
+
+
+def test_bind_overrides_config_and_input_from_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"words": ["ab"], "rounds": 1, "patience": 0.01}))
+    out = run_bls(
+        "run",
+        REVIEW,
+        "--entry",
+        "review",
+        "--input",
+        f"@{request}",
+        "--bind",
+        "fast_echo=tests/e2e/pipelines/review_stages.py:letters",
+    )
+    # fast_echo is now a streaming worker called with stage(): refused before any request.
+    assert out.returncode == 1
+    assert "'fast_echo' is called with stage()" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_streaming_entry_prints_one_line_per_item() -> None:
+    out = run_bls("run", REVIEW, "--entry", "spell", input='{"words": ["ab", "c"]}')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ['"a"', '"b"', '"c"']
+
+
+def test_stage_error_names_the_stage_and_exits_1() -> None:
+    out = run_bls(
+        "run",
+        REVIEW,
+        "--entry",
+        "review",
+        "--input",
+        '{"words": ["a"]}',
+        "--bind",
+        "score=tests/e2e/pipelines/review_stages.py:broken",
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: stage 'score' failed (ZeroDivisionError): no score for a"
+    ]
+    assert out.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ('{"words": "nope"}', "error: invalid request for 'review' at $.words: Expected `array`"),
+        ('{"words": [1]}', "error: invalid request for 'review' at $.words[0]: Expected `str`"),
+        ("{}", "error: invalid request for 'review' at $: Object missing required field `words`"),
+        ('{"words": [', "error: invalid request for 'review' at $: Input data was truncated"),
+        ("", "error: empty input"),
+    ],
+)
+def test_bad_input_is_one_clear_line(payload: str, expected: str) -> None:
+    out = run_bls("run", REVIEW, "--entry", "review", "--input", payload)
+    assert out.returncode == 1
+    assert out.stderr.startswith(expected), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_entry_must_be_chosen_when_there_are_several() -> None:
+    out = run_bls("run", REVIEW, "--input", "{}")
+    assert out.returncode == 1
+    assert "several entrypoints (review, spell)" in out.stderr
+    out = run_bls("run", REVIEW, "--entry", "nope", "--input", "{}")
+    assert "no entrypoint 'nope'" in out.stderr
+
+
+def test_request_timeout_flag() -> None:
+    out = run_bls(
+        "run",
+        REVIEW,
+        "--entry",
+        "review",
+        "--timeout",
+        "0.2",
+        "--input",
+        '{"words": ["a"], "patience": 10}',
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: deadline exceeded")
+
+
+def test_check_passes_on_the_examples() -> None:
+    out = run_bls("check", "examples/hello.py")
+    assert out.returncode == 0, out.stderr
+    assert "draft, judge" in out.stdout
+
+
+def test_check_names_every_problem() -> None:
+    out = run_bls("check", "examples/hello.py", "--bind", "judge=examples/hello_stages.py:draft")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert any(
+        "stage 'judge': the script sends str but the worker" in x and "hello.Draft" in x
+        for x in lines
+    )
+    assert any("expects hello.Verdict" in x and "returns str" in x for x in lines)
+
+
+def test_check_reports_unbound_stages_with_location(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "lonely.py"
+    script.write_text(
+        "import bls\n\n@bls.script\nasync def lonely(req: str) -> str:\n"
+        "    return await bls.stage('missing', req)\n"
+    )
+    out = run_bls("check", str(script))
+    assert out.returncode == 1
+    assert f"stage 'missing' is not bound (used at {script}:5)" in out.stderr
+
+
+def test_config_errors_are_clear(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "bls.toml").write_text('[stages.x]\ninline = "a:b"\nremotee = "tcp://x:1"\n')
+    (tmp_path / "s.py").write_text(
+        "import bls\n@bls.script\nasync def s(r: str) -> str:\n  return r\n"
+    )
+    out = run_bls("check", str(tmp_path / "s.py"))
+    assert out.returncode == 1
+    assert "bls.toml: [stages.x]: Object contains unknown field `remotee`" in out.stderr
+
+
+def test_version_and_help() -> None:
+    out = run_bls("--version")
+    assert out.returncode == 0 and out.stdout.startswith("bls ")
+    for command in ["run", "check"]:
+        out = run_bls(command, "--help")
+        assert out.returncode == 0 and "--bind" in out.stdout

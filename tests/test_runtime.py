@@ -1,0 +1,281 @@
+"""Runtime + inline bindings: binding kinds, type conversion, errors, cancellation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import helpers
+import pytest
+from conftest import live_tasks
+from helpers import Shout, Text, probe
+
+import bls
+from bls import stage
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probe() -> None:
+    probe.reset()
+
+
+class Counter(bls.Worker):
+    """A stateful worker: records its life cycle."""
+
+    events: list[str] = []
+
+    async def setup(self) -> None:
+        self.events.append("setup")
+        self.n = 0
+
+    async def teardown(self) -> None:
+        self.events.append("teardown")
+
+    async def __call__(self, req: Text) -> int:
+        self.n += 1
+        return self.n
+
+
+class Spell(bls.Worker):
+    async def __call__(self, req: Text) -> AsyncIterator[str]:
+        for ch in req.text:
+            yield ch
+
+
+@bls.script
+async def shout_twice(req: Text) -> str:
+    first = await stage("upper", req)
+    return first.text + first.text
+
+
+async def test_function_binding_converts_request_and_keeps_result_type() -> None:
+    async with bls.Runtime({"upper": helpers.upper}):
+        assert await stage("upper", Text(text="hi")) == Shout(text="HI")
+        # A dict, or another Struct of the same shape, is converted like a wire decode.
+        assert await stage("upper", {"text": "x"}) == Shout(text="X")
+        assert await stage("upper", Shout(text="y", loud=False)) == Shout(text="Y")
+
+
+async def test_untyped_worker_result_becomes_builtins_as_on_the_wire() -> None:
+    async with bls.Runtime({"u": helpers.untyped}):
+        assert await stage("u", {"text": "a"}) == {"text": "a", "loud": True}
+
+
+async def test_typed_handle_converts_untyped_results() -> None:
+    handle = bls.Stage("typed_untyped", dict, Shout)
+    async with bls.Runtime({"typed_untyped": helpers.untyped}):
+        assert await handle({"text": "a"}) == Shout(text="a")
+        assert await stage("typed_untyped", {"text": "b"}) == Shout(text="b")
+
+
+async def test_worker_class_is_set_up_once_and_torn_down() -> None:
+    Counter.events = []
+    async with bls.Runtime({"count": Counter}):
+        assert Counter.events == ["setup"]
+        assert [await stage("count", Text(text="")) for _ in range(3)] == [1, 2, 3]
+    assert Counter.events == ["setup", "teardown"]
+
+
+async def test_worker_is_torn_down_when_the_body_fails() -> None:
+    Counter.events = []
+    with pytest.raises(RuntimeError):
+        async with bls.Runtime({"count": Counter}):
+            raise RuntimeError("body failed")
+    assert Counter.events == ["setup", "teardown"]
+
+
+async def test_streaming_worker_and_async_generator() -> None:
+    async with bls.Runtime({"spell": Spell, "tokens": helpers.tokens}):
+        assert [c async for c in stage.stream("spell", Text(text="abc"))] == ["a", "b", "c"]
+        assert await bls.collect(stage.stream("tokens", Text(text="x y"))) == "x y "
+
+
+async def test_script_bound_as_a_stage_of_another_script() -> None:
+    async with bls.Runtime({"upper": helpers.upper, "twice": shout_twice}):
+        assert await stage("twice", Text(text="ab")) == "ABAB"
+
+
+async def test_worker_exception_is_a_stage_error_naming_stage_and_type() -> None:
+    async with bls.Runtime({"fails": helpers.fails}):
+        with pytest.raises(bls.StageError) as info:
+            await stage("fails", Text(text="x"))
+    err = info.value
+    assert (err.stage, err.kind) == ("fails", "ValueError")
+    assert "cannot handle 'x'" in err.message
+    assert err.remote_traceback and "ValueError" in err.remote_traceback
+    assert "stage 'fails'" in str(err)
+
+
+async def test_invalid_request_names_stage_and_field_path() -> None:
+    async with bls.Runtime({"upper": helpers.upper}):
+        with pytest.raises(bls.InvalidRequest) as info:
+            await stage("upper", {"text": 5})
+    assert info.value.stage == "upper"
+    assert info.value.path == "$.text"
+    assert isinstance(info.value, bls.StageError)
+
+
+async def test_invalid_response_is_reported() -> None:
+    bls.Stage("liar", Text, int)
+
+    async def liar(req: Text) -> str:
+        return "not a number"
+
+    with pytest.raises(bls.BindingError, match="returns str"):
+        async with bls.Runtime({"liar": liar}):
+            pass
+
+    async def unannotated(req: Text):  # type: ignore[no-untyped-def]
+        return "not a number"
+
+    async with bls.Runtime({"liar": unannotated}):
+        with pytest.raises(bls.StageError) as info:
+            await stage("liar", Text(text=""))
+    assert info.value.kind == "invalid_response"
+
+
+async def test_unbound_stage_is_not_a_stage_error() -> None:
+    async with bls.Runtime({"upper": helpers.upper}):
+        with pytest.raises(bls.StageNotBound, match=r"'nope' is not bound.*upper"):
+            await stage("nope", Text(text=""))
+
+
+async def test_wrong_mode_is_a_clear_error() -> None:
+    async with bls.Runtime({"upper": helpers.upper, "tokens": helpers.tokens}):
+        with pytest.raises(bls.StageError, match="streaming") as info:
+            await stage("tokens", Text(text="a"))
+        assert info.value.kind == "wrong_mode"
+        with pytest.raises(bls.StageError, match="unary"):
+            await bls.collect(stage.stream("upper", Text(text="a")))
+
+
+async def test_stage_outside_a_runtime_says_how_to_run() -> None:
+    with pytest.raises(RuntimeError, match="outside a running bls script"):
+        await stage("upper", Text(text=""))
+
+
+async def test_typed_handle_mismatch_fails_before_setup() -> None:
+    Counter.events = []
+    bls.Stage("counted", Text, str)
+    with pytest.raises(bls.BindingError) as info:
+        async with bls.Runtime({"counted": Counter}):
+            pass
+    assert "'counted'" in str(info.value) and "returns int" in str(info.value)
+    assert Counter.events == []
+
+
+class Other(bls.Message):
+    text: str
+
+
+async def test_typed_handle_accepts_same_shape_under_another_name() -> None:
+    bls.Stage("same_shape", Other, Shout)
+    async with bls.Runtime({"same_shape": helpers.upper}):
+        assert await stage("same_shape", Other(text="q")) == Shout(text="Q")
+
+
+async def test_conflicting_declarations_are_rejected() -> None:
+    bls.Stage("declared_once", Text, str)
+    bls.Stage("declared_once", Text, str)  # identical: fine
+    with pytest.raises(TypeError, match="declared twice"):
+        bls.Stage("declared_once", Text, int)
+
+
+async def test_cancelling_a_request_cancels_inline_workers_and_leaves_no_task() -> None:
+    @bls.script
+    async def fan(req: Text) -> list[Text]:
+        return await bls.gather(stage("slow", req), stage("slow", req))
+
+    async with bls.Runtime({"slow": helpers.slow}) as rt:
+        before = live_tasks()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rt.run, fan, Text(text="x"))
+            await probe.started.wait()
+            tg.cancel_scope.cancel()
+        assert probe.cancelled == 2 and probe.finished == 2
+        assert live_tasks() == before
+
+
+async def test_request_timeout_raises_deadline_and_cancels_worker() -> None:
+    @bls.script
+    async def one(req: Text) -> Text:
+        return await stage("slow", req)
+
+    async with bls.Runtime({"slow": helpers.slow}) as rt:
+        with pytest.raises(bls.DeadlineExceeded):
+            await rt.run(one, Text(text="x"), timeout=0.05)
+    assert probe.cancelled == 1
+
+
+async def test_run_stream_hands_items_over_and_closes_on_early_exit() -> None:
+    @bls.script
+    async def numbers(req: Text) -> AsyncIterator[int]:
+        async for n in stage.stream("endless", req):
+            yield n
+
+    async with bls.Runtime({"endless": helpers.endless}) as rt:
+        before = live_tasks()
+        got = []
+        async with rt.run_stream(numbers, Text(text="")) as items:
+            async for n in items:
+                got.append(n)
+                if n == 3:
+                    break
+        assert got == [0, 1, 2, 3]
+        assert probe.finished == 1
+        assert live_tasks() == before
+
+
+async def test_run_stream_raises_script_errors_and_deadlines() -> None:
+    @bls.script
+    async def broken(req: Text) -> AsyncIterator[str]:
+        yield "first"
+        await stage("fails", req)
+
+    @bls.script
+    async def forever(req: Text) -> AsyncIterator[int]:
+        async for n in stage.stream("endless", req):
+            yield n
+
+    async with bls.Runtime({"fails": helpers.fails, "endless": helpers.endless}) as rt:
+        got = []
+        with pytest.raises(bls.StageError, match="cannot handle"):
+            async with rt.run_stream(broken, Text(text="z")) as items:
+                async for item in items:
+                    got.append(item)
+        assert got == ["first"]
+        with pytest.raises(bls.DeadlineExceeded):
+            async with rt.run_stream(forever, {"text": ""}, timeout=0.05) as items:
+                async for _ in items:
+                    pass
+        assert probe.cancelled == 1
+
+
+async def test_entry_request_is_validated_with_path() -> None:
+    async with bls.Runtime({"upper": helpers.upper}) as rt:
+        with pytest.raises(bls.InvalidRequest) as info:
+            await rt.run(shout_twice, {"txt": "no"})
+    assert info.value.stage == "shout_twice"
+    assert "text" in info.value.message
+
+
+async def test_options_are_validated_against_the_workers_options_type() -> None:
+    import msgspec
+
+    class Opts(msgspec.Struct):
+        size: int = 1
+
+    class Sized(bls.Worker):
+        Options = Opts
+
+        async def __call__(self, req: Text) -> int:
+            return self.options.size
+
+    async with bls.Runtime({"s": bls.InlineBinding("s", Sized, options={"size": "3"})}):
+        assert await stage("s", Text(text="")) == 3
+    with pytest.raises(TypeError, match=r"stage 's': bad option .* at \$.size"):
+        bls.InlineBinding("s", Sized, options={"size": "big"})
+    with pytest.raises(TypeError, match="takes no options"):
+        bls.InlineBinding("c", Counter, options={"x": 1})
