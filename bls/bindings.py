@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio.abc
 import msgspec
 
 from .entry import Script
 from .errors import InvalidRequest, StageError
-from .messages import Signature, convert, fast_type, signature_of, type_name
+from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
 from .worker import Worker
 
 __all__ = ["Binding", "InlineBinding", "binding_for", "load_target", "worker_error"]
@@ -68,8 +69,9 @@ class Binding:
         """What ``await stage(name, req)`` runs: ``call`` then :meth:`result`."""
         return self.result(await self.call(req))
 
-    async def open(self) -> None:
-        """Learn the signature. May connect; must not load models."""
+    async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
+        """Learn the signature. May connect (background tasks go in ``tg``, which lives
+        as long as the runtime); must not load models."""
 
     async def start(self) -> None:
         """Make the binding ready for calls."""
@@ -82,6 +84,16 @@ class Binding:
 
     def stream(self, req: Any) -> AsyncIterator[Any]:
         raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is unary")
+
+    @property
+    def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """JSON schemas of the request and response, for comparing across processes."""
+        return json_schema(self.signature.request), json_schema(self.signature.response)
+
+    @property
+    def type_labels(self) -> tuple[str, str]:
+        """Readable names of the request and response types, for messages."""
+        return type_name(self.signature.request), type_name(self.signature.response)
 
     def ready(self) -> bool:
         """Whether calls can be made now (remote: some replica is connected)."""

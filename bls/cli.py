@@ -167,12 +167,14 @@ def _describe_error(exc: BaseException) -> str | None:
     """The one-line message for an error a user caused, or None for a bug."""
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         return _describe_error(exc.exceptions[0])
-    if isinstance(exc, (InvalidRequest, StageError, StageNotBound, ConfigError, UsageError)):
+    if isinstance(exc, DeadlineExceeded):  # before OSError: it is a TimeoutError
+        return f"deadline exceeded: {exc}"
+    if isinstance(
+        exc, (InvalidRequest, StageError, StageNotBound, ConfigError, UsageError, OSError)
+    ):
         return str(exc)
     if isinstance(exc, BindingError):
         return "\nerror: ".join(exc.problems)
-    if isinstance(exc, DeadlineExceeded):
-        return f"deadline exceeded: {exc}"
     return None
 
 

@@ -1,3 +1,173 @@
-"""Registers the commands that live beside their subsystems (worker, serve, keygen)."""
+"""The commands that live beside their subsystems: ``worker``, ``keygen`` (and ``serve``).
+
+Each adds its parser to the ``bls`` command through ``cli._EXTRA_COMMANDS``.
+"""
 
 from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from . import cli
+from .config import ConfigError
+
+
+def _parse_options(specs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; VALUE is JSON when it parses as JSON, else a string."""
+    options: dict[str, Any] = {}
+    for spec in specs:
+        key, sep, raw = spec.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option {spec!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+# -- bls worker ------------------------------------------------------------------------
+
+
+def _add_worker(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="serve one stage over ZeroMQ",
+        description="Serve TARGET (module:attr, file.py:attr, a bls.Worker, or a script "
+        "entrypoint) as a remote stage. Prints 'ready ADDR' once it accepts calls; on "
+        "SIGTERM/SIGINT it stops accepting, lets in-flight calls finish within --grace, "
+        "then exits 0.",
+    )
+    p.add_argument("target", help="what to serve: module:attr or path/file.py:attr")
+    p.add_argument(
+        "--listen",
+        required=True,
+        metavar="ADDR",
+        help="tcp://HOST:PORT (port 0 picks a free one) or ipc:///path",
+    )
+    p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256,
+        metavar="N",
+        help="calls served at once; more are refused as 'overloaded' (default 256)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds in-flight calls get to finish on SIGTERM (default 10)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="worker option (validated against the worker's Options type)",
+    )
+    p.add_argument(
+        "--curve-secret",
+        metavar="FILE",
+        help="serve with CURVE encryption using this secret key (bls keygen)",
+    )
+    p.add_argument(
+        "--curve-allow",
+        metavar="DIR",
+        help="with --curve-secret: only accept callers whose public key is in DIR",
+    )
+    p.add_argument("--max-frame-bytes", type=int, metavar="N", help="largest request accepted")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cli._add_binding_args(p)
+    cli._add_backend_arg(p)
+    p.set_defaults(handler=_cmd_worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from bls.transport.worker import run_worker
+
+    from .bindings import InlineBinding, load_target
+    from .config import load_config, make_bindings
+    from .entry import Script
+    from .runtime import Runtime
+
+    _logging(args.log_level)
+    if args.max_inflight < 1:
+        raise ConfigError("--max-inflight must be at least 1")
+    if args.curve_allow and not args.curve_secret:
+        raise ConfigError("--curve-allow needs --curve-secret")
+    try:
+        obj = load_target(args.target, Path.cwd())
+    except (ImportError, ValueError, FileNotFoundError, SyntaxError) as exc:
+        raise ConfigError(f"cannot load {args.target!r}: {exc}") from exc
+    default_name = obj.name if isinstance(obj, Script) else args.target.rpartition(":")[2]
+    stage = args.stage or default_name
+    try:
+        binding = InlineBinding(
+            stage, obj, options=_parse_options(args.option), description=args.target
+        )
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+    # A script served as a stage calls stages of its own: bind them as its bls.toml says.
+    script_file = binding.script_file if isinstance(obj, Script) else None
+    config = load_config(script_file, args.config, args.bind)
+    if args.max_frame_bytes:
+        config.transport.max_frame_bytes = args.max_frame_bytes
+    runtime = Runtime(make_bindings(config))
+    return anyio.run(
+        lambda: run_worker(
+            binding,
+            args.listen,
+            runtime=runtime,
+            stage=stage,
+            strict_name=bool(args.stage),
+            max_inflight=args.max_inflight,
+            grace=args.grace,
+            settings=config.transport,
+            curve_secret=args.curve_secret,
+            curve_allow=args.curve_allow,
+        ),
+        backend=args.backend,
+    )
+
+
+# -- bls keygen ------------------------------------------------------------------------
+
+
+def _add_keygen(sub: Any) -> None:
+    p = sub.add_parser(
+        "keygen",
+        help="write a CURVE key pair",
+        description="Write NAME.key (public: give it to peers) and NAME.key_secret (keep it) "
+        "into DIR.",
+    )
+    p.add_argument("name", help="key name, e.g. worker or client")
+    p.add_argument("--dir", default=".", help="where to write the files (default: .)")
+    p.set_defaults(handler=_cmd_keygen)
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from bls.transport.keys import generate
+
+    public, secret = generate(args.dir, args.name)
+    print(f"public {public}")
+    print(f"secret {secret}")
+    return 0
+
+
+cli._EXTRA_COMMANDS.extend([_add_worker, _add_keygen])

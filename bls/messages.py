@@ -145,12 +145,23 @@ def shape(schema: dict[str, Any]) -> Any:
     return _normalise(schema, schema.get("$defs", {}))
 
 
-def compatible(declared: Any, actual: Any) -> bool:
+def compatible(
+    declared: Any,
+    actual: Any,
+    *,
+    declared_schema: dict[str, Any] | None = None,
+    actual_schema: dict[str, Any] | None = None,
+) -> bool:
     """Whether a value of type ``actual`` is acceptable where ``declared`` is expected.
 
     ``Any`` on either side, the same class, a subclass, or the same shape (same fields
-    and field types under other class names) are all compatible.
+    and field types under other class names) are all compatible. A type known only by
+    its JSON schema (a remote worker's) is compared by shape.
     """
+    if declared is Any and declared_schema:
+        return shape_compatible(declared_schema, json_schema(actual))
+    if actual is Any and actual_schema:
+        return shape_compatible(json_schema(declared), actual_schema)
     if declared is Any or actual is Any or declared == actual:
         return True
     if isinstance(declared, type) and isinstance(actual, type) and issubclass(actual, declared):

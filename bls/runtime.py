@@ -11,11 +11,12 @@ import contextlib
 import contextvars
 import math
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from .bindings import Binding, binding_for
 from .check import StageUse
@@ -89,15 +90,17 @@ def type_problems(name: str, binding: Binding) -> list[str]:
         problems.append(
             f"stage {name!r} is declared {want} but bound to {have} ({binding.description})"
         )
-    if not compatible(sig.request, decl.request):
+    request_schema, response_schema = binding.schemas
+    takes, returns = binding.type_labels
+    if not compatible(sig.request, decl.request, declared_schema=request_schema):
         problems.append(
             f"stage {name!r}: the script sends {type_name(decl.request)} but the worker "
-            f"({binding.description}) takes {type_name(sig.request)}"
+            f"({binding.description}) takes {takes}"
         )
-    if not compatible(decl.response, sig.response):
+    if not compatible(decl.response, sig.response, actual_schema=response_schema):
         problems.append(
             f"stage {name!r}: the script expects {type_name(decl.response)} but the worker "
-            f"({binding.description}) returns {type_name(sig.response)}"
+            f"({binding.description}) returns {returns}"
         )
     return problems
 
@@ -185,6 +188,8 @@ class Runtime:
         }
         self._token: contextvars.Token[Runtime | None] | None = None
         self._opened: list[Binding] = []
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
 
     @property
     def bindings(self) -> Mapping[str, Binding]:
@@ -199,9 +204,15 @@ class Runtime:
     async def open(self) -> list[str]:
         """Open every binding and return the type problems found (no set-up)."""
         problems: list[str] = []
+        self._stack = AsyncExitStack()
+        tg = self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         for name, binding in self._bindings.items():
-            await binding.open()
             self._opened.append(binding)
+            try:
+                await binding.open(tg)
+            except OSError as exc:
+                problems.append(str(exc))
+                continue
             problems.extend(type_problems(name, binding))
         problems.extend(use_problems(self._uses, self._bindings))
         for name, binding in self._bindings.items():
@@ -217,16 +228,23 @@ class Runtime:
             await binding.start()
 
     async def aclose(self) -> None:
+        """Tear down every opened binding (shielded from cancellation), then stop the
+        bindings' background tasks."""
+        first: BaseException | None = None
         with anyio.CancelScope(shield=True):
-            first: BaseException | None = None
             for binding in reversed(self._opened):
                 try:
                     await binding.aclose()
                 except Exception as exc:  # keep closing the others
                     first = first or exc
             self._opened.clear()
-            if first is not None:
-                raise first
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await stack.aclose()
+        if first is not None:
+            raise first
 
     async def __aenter__(self) -> Runtime:
         try:

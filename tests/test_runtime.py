@@ -250,7 +250,8 @@ async def test_run_stream_raises_script_errors_and_deadlines() -> None:
             async with rt.run_stream(forever, {"text": ""}, timeout=0.05) as items:
                 async for _ in items:
                     pass
-        assert probe.cancelled == 1
+        # Cancelled mid-sleep or closed at a yield: either way its finally ran.
+        assert probe.finished == 1
 
 
 async def test_entry_request_is_validated_with_path() -> None:

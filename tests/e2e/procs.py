@@ -1,0 +1,115 @@
+"""Starting real ``bls worker`` / ``bls serve`` processes for tests, and always stopping them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .cli import BLS, ROOT, bls_env
+
+
+class Proc:
+    """A running ``bls`` process; ``address`` is what it printed after ``ready``."""
+
+    def __init__(self, popen: subprocess.Popen[str], address: str, lines: list[str]) -> None:
+        self.popen = popen
+        self.address = address
+        self.lines = lines  # stderr lines, collected as they come
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def wait(self, timeout: float = 15) -> int:
+        return self.popen.wait(timeout)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stats(self) -> dict[str, int]:
+        """The counters a worker logs when it stops (after SIGTERM and wait())."""
+        for line in reversed(self.lines):
+            if "stopped ({" in line:
+                return json.loads(line[line.index("({") + 1 : line.rindex("})") + 1])
+        raise AssertionError(f"no stats line in the worker's log:\n{self.log()}")
+
+
+def start(
+    args: list[str],
+    *,
+    ready_timeout: float = 30,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> Proc:
+    """Start ``bls ARGS`` and wait (bounded) for its ``ready ADDR`` line."""
+    popen = subprocess.Popen(
+        [BLS, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=cwd,
+        env=env or bls_env(),
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    assert popen.stderr is not None and popen.stdout is not None
+    threading.Thread(target=lambda: lines.extend(popen.stderr), daemon=True).start()  # type: ignore[arg-type]
+    ready: list[str] = []
+    got = threading.Event()
+
+    def read_stdout() -> None:
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            if line.startswith("ready ") and not got.is_set():
+                ready.append(line.split(None, 1)[1].strip())
+                got.set()
+
+    threading.Thread(target=read_stdout, daemon=True).start()
+    if not got.wait(ready_timeout):
+        stop(popen)
+        raise RuntimeError(f"bls {' '.join(args)} did not become ready:\n{''.join(lines)}")
+    return Proc(popen, ready[0], lines)
+
+
+def stop(popen: subprocess.Popen[str]) -> None:
+    if popen.poll() is None:
+        try:
+            os.killpg(popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    popen.wait(10)
+
+
+@contextmanager
+def worker(
+    target: str, *extra: str, listen: str = "tcp://127.0.0.1:0", env: dict[str, str] | None = None
+) -> Iterator[Proc]:
+    """A ``bls worker TARGET`` process for the duration of the block."""
+    proc = start(["worker", target, "--listen", listen, *extra], env=env)
+    try:
+        yield proc
+    finally:
+        stop(proc.popen)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> float:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until true; return the seconds it took. AssertionError on timeout."""
+    start_t = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start_t
+        if time.monotonic() - start_t > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

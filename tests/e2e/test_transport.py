@@ -1,0 +1,458 @@
+"""Remote stages over real ZeroMQ sockets to real `bls worker` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+import bls
+from bls import stage
+from bls.transport import client as transport_client
+
+from .cli import BLS, ROOT, run_bls
+from .procs import wait_for, worker
+
+sys.path.insert(0, str(ROOT / "tests/e2e/pipelines"))
+from remote_stages import Mark, Served
+
+STAGES = "tests/e2e/pipelines/remote_stages.py"
+REVIEW = "tests/e2e/pipelines/review.py"
+REVIEW_STAGES = "tests/e2e/pipelines/review_stages.py"
+
+
+def _addr(kind: str, tmp_path: Path, name: str) -> str:
+    return f"ipc://{tmp_path}/{name}.sock" if kind == "ipc" else "tcp://127.0.0.1:0"
+
+
+# -- the invariant: same results inline and remote ------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["tcp", "ipc"])
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_hello_example_remote_equals_inline(kind: str, backend: str, tmp_path: Path) -> None:
+    inline = run_bls("run", "examples/hello.py", "--input", '{"text": "hi"}')
+    assert inline.returncode == 0, inline.stderr
+    with (
+        worker(
+            "examples/hello_stages.py:judge",
+            listen=_addr(kind, tmp_path, "j"),
+        ) as judge,
+        worker("examples/hello_stages.py:draft", listen=_addr(kind, tmp_path, "d")) as draft,
+    ):
+        remote = run_bls(
+            "run",
+            "examples/hello.py",
+            "--input",
+            '{"text": "hi"}',
+            "--backend",
+            backend,
+            "--bind",
+            f"judge={judge.address}",
+            "--bind",
+            f"draft={draft.address}",
+        )
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == inline.stdout
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_every_primitive_remote_equals_inline(backend: str) -> None:
+    request = json.dumps({"words": ["aab", "abcd", "xyz"], "rounds": 3, "patience": 0.05})
+    inline = run_bls("run", REVIEW, "--entry", "review", "--input", request)
+    assert inline.returncode == 0, inline.stderr
+    with (
+        worker(f"{REVIEW_STAGES}:score") as score,
+        worker(f"{REVIEW_STAGES}:slow_echo") as slow,
+        worker(f"{REVIEW_STAGES}:fast_echo") as fast,
+        worker(f"{REVIEW_STAGES}:letters") as letters,
+    ):
+        binds = [
+            "--bind",
+            f"score={score.address}",
+            "--bind",
+            f"slow_echo={slow.address}",
+            "--bind",
+            f"fast_echo={fast.address}",
+            "--bind",
+            f"letters={letters.address}",
+        ]
+        remote = run_bls(
+            "run", REVIEW, "--entry", "review", "--input", request, "--backend", backend, *binds
+        )
+        streamed = run_bls(
+            "run", REVIEW, "--entry", "spell", "--input", '{"words": ["ab"]}', *binds
+        )
+        # The race loser and the timed-out call were cancelled inside the worker.
+        slow.signal(signal.SIGTERM)
+        assert slow.wait() == 0
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == inline.stdout
+    assert streamed.stdout.splitlines() == ['"a"', '"b"']
+    stats = slow.stats()
+    assert stats["cancelled"] + stats["deadline"] == 2 and stats["completed"] == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_errors_are_the_same_remote_and_inline(backend: str) -> None:
+    inline_bad = run_bls(
+        "run",
+        REVIEW,
+        "--entry",
+        "review",
+        "--input",
+        '{"words": ["a"]}',
+        "--bind",
+        f"score={REVIEW_STAGES}:broken",
+    )
+    with worker(f"{REVIEW_STAGES}:broken") as broken:
+        remote_bad = run_bls(
+            "run",
+            REVIEW,
+            "--entry",
+            "review",
+            "--input",
+            '{"words": ["a"]}',
+            "--bind",
+            f"score={broken.address}",
+            "--backend",
+            backend,
+        )
+    assert inline_bad.returncode == remote_bad.returncode == 1
+    assert remote_bad.stderr == inline_bad.stderr
+    assert "stage 'score' failed (ZeroDivisionError): no score for a" in remote_bad.stderr
+
+
+# -- in-process caller, real worker processes -----------------------------------------
+
+pytestmark_anyio = pytest.mark.anyio
+
+
+@pytest.mark.anyio
+async def test_remote_types_errors_and_traceback() -> None:
+    with worker(f"{STAGES}:boom") as boom, worker(f"{STAGES}:whoami") as who:
+        async with bls.Runtime({"boom": boom.address, "who": who.address}):
+            served = await stage("who", Mark())
+            assert isinstance(served, Served) and served.pid == who.pid  # the worker's type
+            with pytest.raises(bls.StageError) as info:
+                await stage("boom", Mark(marker="m"))
+            assert (info.value.stage, info.value.kind) == ("boom", "ValueError")
+            assert "bad marker 'm'" in info.value.message
+            assert info.value.remote_traceback and "remote_stages.py" in info.value.remote_traceback
+            with pytest.raises(bls.InvalidRequest) as bad:
+                await stage("who", {"seconds": "soon"})
+            assert bad.value.path == "$.seconds" and bad.value.stage == "who"
+
+
+@pytest.mark.anyio
+async def test_timeout_mid_stream_cancels_the_remote_handler(tmp_path: Path) -> None:
+    marker = tmp_path / "ticks"
+    with worker(f"{STAGES}:ticks") as proc:
+        async with bls.Runtime({"ticks": proc.address}) as rt:
+            got = []
+            with pytest.raises(bls.DeadlineExceeded):
+                async with bls.timeout(0.3):
+                    async for i in stage.stream("ticks", Mark(marker=str(marker), seconds=0.01)):
+                        got.append(i)
+            t_cancel = time.time()
+            assert len(got) > 3
+            await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=2))
+            what, when = marker.read_text().split()
+            assert what == "cancelled"
+            assert float(when) - t_cancel < 0.5
+            conn = rt.bindings["ticks"].connections[0]  # type: ignore[attr-defined]
+            assert conn.calls == {}
+
+
+@pytest.mark.anyio
+async def test_leaving_a_stream_early_cancels_the_remote_handler(tmp_path: Path) -> None:
+    marker = tmp_path / "early"
+    with worker(f"{STAGES}:ticks") as proc:
+        async with bls.Runtime({"ticks": proc.address}):
+            async for i in stage.stream("ticks", Mark(marker=str(marker), seconds=0.001)):
+                if i == 5:
+                    break
+            await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=2))
+            assert marker.read_text().split()[0] in ("cancelled", "closed")
+
+
+@pytest.mark.anyio
+async def test_worker_stops_at_the_deadline_without_a_cancel_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transport_client, "DROP_CANCEL_FOR_TESTS", True)
+    marker = tmp_path / "slow"
+    with worker(f"{STAGES}:slow") as proc:
+        async with bls.Runtime({"slow": proc.address}):
+            start = time.time()
+            with pytest.raises(bls.DeadlineExceeded):
+                async with bls.timeout(0.4):
+                    await stage("slow", Mark(marker=str(marker), seconds=30))
+            await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=3))
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0
+    what, when = marker.read_text().split()
+    assert what == "cancelled"
+    assert 0.3 < float(when) - start < 1.5
+    assert proc.stats()["deadline"] == 1 and proc.stats()["cancelled"] == 0
+
+
+@pytest.mark.anyio
+async def test_nested_call_inside_a_worker_inherits_deadline(tmp_path: Path) -> None:
+    marker = tmp_path / "inner"
+    with worker(f"{STAGES}:slow") as inner:
+        with worker(f"{STAGES}:nested", "--bind", f"slow={inner.address}") as outer:
+            async with bls.Runtime({"nested": outer.address}):
+                with pytest.raises(bls.DeadlineExceeded):
+                    async with bls.timeout(0.3):
+                        await stage("nested", Mark(marker=str(marker)))
+                await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=3))
+    assert marker.read_text().split()[0] == "cancelled"
+
+
+@pytest.mark.anyio
+async def test_sigkill_mid_stream_fails_fast_and_survivor_takes_new_calls(tmp_path: Path) -> None:
+    with worker(f"{STAGES}:ticks") as a, worker(f"{STAGES}:ticks") as b:
+        async with bls.Runtime({"ticks": f"{a.address},{b.address}"}) as rt:
+            conns = rt.bindings["ticks"].connections  # type: ignore[attr-defined]
+            streams = [stage.stream("ticks", Mark(seconds=0.01)) for _ in range(2)]
+            for s in streams:
+                await s.__anext__()
+            assert sorted(len(c.calls) for c in conns) == [1, 1]  # one on each replica
+            killed_at = time.monotonic()
+            a.signal(signal.SIGKILL)
+            failed_after: list[float] = []
+
+            async def consume(items: bls.StageStream) -> None:
+                async with items:
+                    try:
+                        async for _ in items:
+                            if time.monotonic() - killed_at > 2:
+                                return  # the survivor's stream just goes on
+                    except bls.StageError as exc:
+                        assert exc.kind == "unavailable"
+                        failed_after.append(time.monotonic() - killed_at)
+
+            async with anyio.create_task_group() as tg:
+                for s in streams:
+                    tg.start_soon(consume, s)
+            assert len(failed_after) == 1 and failed_after[0] < 1.0
+            for _ in range(4):
+                served = await stage.stream("ticks", Mark(count=1)).__anext__()
+                assert served == 0
+            assert all(len(c.calls) == 0 for c in conns)
+
+
+@pytest.mark.anyio
+async def test_unacknowledged_calls_are_retried_on_another_replica() -> None:
+    with worker(f"{STAGES}:whoami") as a, worker(f"{STAGES}:whoami") as b:
+        async with bls.Runtime({"who": f"{a.address},{b.address}"}):
+            a.signal(signal.SIGSTOP)  # alive to TCP, but never acknowledges anything
+            try:
+                results = await bls.gather(*(stage("who", Mark()) for _ in range(6)))
+            finally:
+                a.signal(signal.SIGCONT)
+    assert {r.pid for r in results} == {b.pid}
+
+
+@pytest.mark.anyio
+async def test_overloaded_worker_refuses_and_caller_tries_another_replica() -> None:
+    with worker(f"{STAGES}:slow", "--max-inflight", "1") as a:
+        async with bls.Runtime({"slow": a.address}):
+            with pytest.raises(bls.StageError) as info:
+                await bls.gather(stage("slow", Mark(seconds=0.5)), stage("slow", Mark(seconds=0.5)))
+            assert info.value.kind == "overloaded"
+        with worker(f"{STAGES}:slow", "--max-inflight", "1") as b:
+            async with bls.Runtime({"slow": f"{a.address},{b.address}"}):
+                both = await bls.gather(
+                    stage("slow", Mark(seconds=0.3)), stage("slow", Mark(seconds=0.3))
+                )
+            assert {s.pid for s in both} == {a.pid, b.pid}
+
+
+@pytest.mark.anyio
+async def test_reconnects_when_the_worker_comes_back(tmp_path: Path) -> None:
+    address = f"ipc://{tmp_path}/who.sock"
+    with worker(f"{STAGES}:whoami", listen=address) as first:
+        async with bls.Runtime({"who": address}) as rt:
+            assert (await stage("who", Mark())).pid == first.pid
+            first.signal(signal.SIGKILL)
+            first.wait()
+            conn = rt.bindings["who"].connections[0]  # type: ignore[attr-defined]
+            await anyio.to_thread.run_sync(lambda: wait_for(lambda: not conn.alive, 3))
+            with pytest.raises(bls.StageError, match="unavailable"):
+                await stage("who", Mark())
+            with worker(f"{STAGES}:whoami", listen=address) as second:
+                await anyio.to_thread.run_sync(lambda: wait_for(lambda: conn.alive, 5))
+                assert (await stage("who", Mark())).pid == second.pid
+
+
+@pytest.mark.anyio
+async def test_slow_consumer_bounds_what_the_producer_runs_ahead(tmp_path: Path) -> None:
+    marker = tmp_path / "flow"
+    produced = Path(str(marker) + ".produced")
+    with worker(f"{STAGES}:ticks") as proc:
+        async with bls.Runtime({"ticks": proc.address}):
+            items = stage.stream("ticks", Mark(marker=str(marker), seconds=0))
+            consumed = 0
+            async with items:
+                async for _ in items:
+                    consumed += 1
+                    if consumed == 5:
+                        await anyio.sleep(0.5)  # the producer is free-running meanwhile
+                        ahead = _count(produced) - consumed
+                        assert ahead <= transport_client.WINDOW + 1
+                    if consumed == 40:
+                        break
+            assert _count(produced) - consumed <= transport_client.WINDOW + 1
+
+
+def _count(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def test_typed_handle_mismatch_with_remote_worker_fails_at_bind(tmp_path: Path) -> None:
+    script = tmp_path / "typed.py"
+    script.write_text(
+        "import bls\n\nclass Other(bls.Message):\n    name: int\n\n"
+        "who = bls.Stage('who', Other, str)\n\n"
+        "@bls.script\nasync def typed(req: Other) -> str:\n    return await who(req)\n"
+    )
+    with worker(f"{STAGES}:whoami") as who:
+        out = run_bls("check", str(script), "--bind", f"who={who.address}")
+    assert out.returncode == 1
+    assert "stage 'who': the script sends" in out.stderr and "typed.Other" in out.stderr
+    assert "stage 'who': the script expects str but the worker" in out.stderr
+    assert "remote_stages.Served" in out.stderr
+
+
+def test_unreachable_worker_is_reported_at_start(tmp_path: Path) -> None:
+    (tmp_path / "bls.toml").write_text("[transport]\nconnect_timeout_s = 0.3\n")
+    out = run_bls(
+        "run",
+        "examples/hello.py",
+        "--input",
+        '{"text": "x"}',
+        "--config",
+        str(tmp_path / "bls.toml"),
+        "--bind",
+        f"judge=ipc://{tmp_path}/nobody.sock",
+    )
+    assert out.returncode == 1
+    assert "stage 'judge': no replica answered" in out.stderr
+    assert "nobody.sock" in out.stderr
+
+
+def test_worker_drains_in_flight_calls_on_sigterm(tmp_path: Path) -> None:
+    marker = tmp_path / "drain"
+    with worker(f"{STAGES}:slow") as proc:
+        caller = subprocess.Popen(
+            [
+                BLS,
+                "run",
+                str(ROOT / "tests/e2e/pipelines/one_slow.py"),
+                "--input",
+                json.dumps({"seconds": 0.8, "marker": str(marker)}),
+                "--bind",
+                f"slow={proc.address}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            wait_for(Path(str(marker) + ".started").exists, timeout=20)
+            proc.signal(signal.SIGTERM)
+            out, err = caller.communicate(timeout=20)
+        finally:
+            if caller.poll() is None:
+                caller.kill()
+        assert proc.wait() == 0
+    assert caller.returncode == 0, err
+    assert json.loads(out)["text"] == "slept"
+    assert "draining 1 call(s)" in proc.log()
+
+
+def test_keygen_and_curve_refuse_unknown_callers(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    allowed = tmp_path / "allowed"
+    for name in ("server", "client", "stranger"):
+        out = run_bls("keygen", name, "--dir", str(keys))
+        assert out.returncode == 0, out.stderr
+    allowed.mkdir()
+    (allowed / "client.key").write_text((keys / "client.key").read_text())
+
+    def config(who: str) -> str:
+        path = tmp_path / f"{who}.toml"
+        path.write_text(
+            "[transport]\nconnect_timeout_s = 1.0\n"
+            f'curve_server_key = "{keys}/server.key"\ncurve_secret = "{keys}/{who}.key_secret"\n'
+        )
+        return str(path)
+
+    with worker(
+        "examples/hello_stages.py:judge",
+        "--curve-secret",
+        f"{keys}/server.key_secret",
+        "--curve-allow",
+        str(allowed),
+    ) as judge:
+        ok = run_bls(
+            "run",
+            "examples/hello.py",
+            "--input",
+            '{"text": "hi"}',
+            "--config",
+            config("client"),
+            "--bind",
+            f"judge={judge.address}",
+        )
+        refused = run_bls(
+            "run",
+            "examples/hello.py",
+            "--input",
+            '{"text": "hi"}',
+            "--config",
+            config("stranger"),
+            "--bind",
+            f"judge={judge.address}",
+        )
+        plain = run_bls(
+            "run",
+            "examples/hello.py",
+            "--input",
+            '{"text": "hi"}',
+            "--config",
+            str(_plain(tmp_path)),
+            "--bind",
+            f"judge={judge.address}",
+        )
+    assert ok.returncode == 0, ok.stderr
+    assert '"accepted":true' in ok.stdout
+    assert refused.returncode == 1 and "no replica answered" in refused.stderr
+    assert "refused this caller's credentials" in refused.stderr
+    assert plain.returncode == 1 and "no replica answered" in plain.stderr
+
+
+def _plain(tmp_path: Path) -> Path:
+    path = tmp_path / "plain.toml"
+    path.write_text("[transport]\nconnect_timeout_s = 0.5\n")
+    return path
+
+
+def test_worker_help_and_bad_target() -> None:
+    out = run_bls("worker", "--help")
+    assert out.returncode == 0 and "--listen" in out.stdout and "--max-inflight" in out.stdout
+    out = run_bls("worker", "nope.py:x", "--listen", "tcp://127.0.0.1:0")
+    assert out.returncode == 1 and out.stderr.startswith("error: cannot load 'nope.py:x'")
+    out = run_bls("worker", f"{STAGES}:whoami", "--listen", "bogus://x")
+    assert out.returncode == 1 and "cannot listen on bogus://x" in out.stderr
+    assert os.environ.get("BLS_TRACEBACK") is None

@@ -1,0 +1,254 @@
+"""The wire format: the only module that knows bytes.
+
+A message is a list of ZeroMQ frames::
+
+    [header, payload, *buffers]          (a ROUTER adds the peer identity in front)
+
+- ``header``: a msgspec-msgpack :class:`Header` (kind, call id, stage, absolute deadline,
+  credit/ack counters, trace context), small and fixed in shape.
+- ``payload``: the msgspec-msgpack encoding of the request, result, item or error.
+- ``buffers``: raw memory of numpy arrays / torch tensors found in the payload, sent
+  zero-copy; the payload holds ``(dtype, shape, frame index)`` in their place (the way
+  vLLM's v1 engine-core protocol carries tensors). Small arrays are inlined. Nothing is
+  ever pickled.
+
+Decoding never raises to the caller of :func:`parse`: a malformed message is ``None``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "PROTOCOL",
+    "Codec",
+    "ErrorInfo",
+    "Header",
+    "Hello",
+    "Kind",
+    "WorkerInfo",
+    "frame_sizes",
+    "parse",
+]
+
+PROTOCOL = 1
+INLINE_MAX = 1024  # arrays up to this many bytes travel inside the payload
+
+_EXT_NDARRAY = 1
+_EXT_TENSOR = 2
+
+
+class Kind:
+    """Frame kinds (small ints on the wire)."""
+
+    HELLO = 1  # both ways: version + schema exchange
+    CALL = 2  # client → worker
+    CANCEL = 3  # client → worker
+    DATA = 4  # worker → client: one stream item
+    END = 5  # worker → client: unary result, or end of stream
+    ERROR = 6  # worker → client
+    HEARTBEAT = 7  # both ways
+    CREDIT = 8  # client → worker: more stream items may be sent
+    ACK = 9  # worker → client: calls up to ``ack`` were received
+
+    NAMES = {
+        1: "hello",
+        2: "call",
+        3: "cancel",
+        4: "data",
+        5: "end",
+        6: "error",
+        7: "heartbeat",
+        8: "credit",
+        9: "ack",
+    }
+
+
+class Header(msgspec.Struct, array_like=True, frozen=True):
+    kind: int
+    call: int = 0
+    stage: str = ""
+    deadline: float = 0.0  # absolute, seconds since the epoch; 0 = none
+    count: int = 0  # CALL: initial stream credit; CREDIT: credit granted
+    ack: int = 0  # worker → client: highest call id received from this client
+    trace: str = ""  # W3C traceparent of the caller's span, if any
+    to: str = ""  # CALL: the worker instance the caller believes it is talking to
+
+
+class Hello(msgspec.Struct, frozen=True):
+    """The client's hello: its protocol version and the stage it expects."""
+
+    protocol: int
+    stage: str
+
+
+class WorkerInfo(msgspec.Struct, frozen=True):
+    """What a worker advertises in its hello (and heartbeats, for ``instance``)."""
+
+    protocol: int
+    stage: str
+    streaming: bool
+    request_schema: dict[str, Any]
+    response_schema: dict[str, Any]
+    request_type: str  # "module:QualName", or "" when not a named class
+    response_type: str
+    instance: str  # random per process: a changed value means the worker restarted
+    max_inflight: int
+    error: str = ""  # set when the worker refuses the hello (version or stage mismatch)
+
+
+class ErrorInfo(msgspec.Struct, frozen=True):
+    stage: str
+    kind: str
+    message: str
+    traceback: str | None = None
+    path: str | None = None
+
+
+_header_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(Header)
+
+
+def encode_header(header: Header) -> bytes:
+    return _header_encoder.encode(header)
+
+
+def parse(frames: Sequence[Any]) -> tuple[Header, Sequence[Any]] | None:
+    """Split a received message into its header and the rest; None if malformed."""
+    if len(frames) < 2:
+        return None
+    try:
+        header = _header_decoder.decode(frames[0])
+    except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
+        return None
+    return header, frames[1:]
+
+
+def frame_sizes(frames: Sequence[Any]) -> int:
+    return sum(len(f) for f in frames)
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
+
+
+class Codec:
+    """Payload encoder/decoder with zero-copy side buffers for arrays and tensors.
+
+    One instance per type to decode into; not thread-safe (one event loop thread).
+    """
+
+    def __init__(self, tp: Any = Any) -> None:
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        self._decoder = msgspec.msgpack.Decoder(type=tp, ext_hook=self._ext_hook)
+        self._out: list[Any] = []
+        self._in: Sequence[Any] = ()
+
+    # -- encoding ---------------------------------------------------------------------
+
+    def encode(self, value: Any) -> list[Any]:
+        """``[payload, *buffers]`` for ``value``."""
+        self._out = out = [b""]
+        out[0] = self._encoder.encode(value)
+        self._out = []
+        return out
+
+    def _enc_hook(self, obj: Any) -> Any:
+        mod = type(obj).__module__
+        if mod == "numpy" and type(obj).__name__ == "ndarray":
+            return self._array(obj, _EXT_NDARRAY)
+        if mod.startswith("torch") and type(obj).__name__ in ("Tensor", "Parameter"):
+            return self._array(obj.detach().cpu().contiguous().numpy(), _EXT_TENSOR)
+        raise TypeError(f"cannot send a value of type {type(obj).__qualname__} over the wire")
+
+    def _array(self, arr: Any, code: int) -> msgspec.msgpack.Ext:
+        np = _np()
+        if arr.dtype.hasobject:
+            raise TypeError("cannot send an array of Python objects over the wire")
+        arr = np.ascontiguousarray(arr)
+        shape = list(arr.shape)
+        dtype = arr.dtype.str
+        if arr.nbytes <= INLINE_MAX:
+            meta = (dtype, shape, -1, arr.tobytes())
+        else:
+            self._out.append(memoryview(arr).cast("B"))
+            meta = (dtype, shape, len(self._out) - 1, b"")
+        return msgspec.msgpack.Ext(code, _meta_encoder.encode(meta))
+
+    # -- decoding ---------------------------------------------------------------------
+
+    def decode(self, payload: Any, buffers: Sequence[Any] = ()) -> Any:
+        """Decode ``payload`` (raises msgspec.ValidationError/DecodeError when it fails)."""
+        self._in = buffers
+        try:
+            return self._decoder.decode(payload)
+        finally:
+            self._in = ()
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        if code not in (_EXT_NDARRAY, _EXT_TENSOR):
+            raise ValueError(f"unknown extension type {code}")
+        dtype, shape, index, inline = _meta_decoder.decode(data)
+        np = _np()
+        if index < 0:
+            buf: Any = inline
+        else:
+            if not 0 < index < len(self._in) + 1:
+                raise ValueError(f"array refers to missing buffer frame {index}")
+            frame = self._in[index - 1]
+            buf = frame.buffer if hasattr(frame, "buffer") else frame
+        arr = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
+        if code == _EXT_TENSOR:
+            return _tensor(arr)
+        return arr
+
+
+_meta_encoder = msgspec.msgpack.Encoder()
+_meta_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], int, bytes])
+
+
+def _tensor(arr: Any) -> Any:
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        torch = importlib.import_module("torch")
+    with warnings.catch_warnings():
+        # The frame's memory is read-only; the tensor shares it (zero-copy).
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+_error_codec = Codec(ErrorInfo)
+_info_codec = Codec(WorkerInfo)
+_hello_codec = Codec(Hello)
+
+
+def encode_error(info: ErrorInfo) -> bytes:
+    return bytes(_error_codec.encode(info)[0])
+
+
+def decode_error(payload: Any) -> ErrorInfo:
+    return _error_codec.decode(payload)
+
+
+def encode_info(info: WorkerInfo) -> bytes:
+    return bytes(_info_codec.encode(info)[0])
+
+
+def decode_info(payload: Any) -> WorkerInfo:
+    return _info_codec.decode(payload)
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return bytes(_hello_codec.encode(hello)[0])
+
+
+def decode_hello(payload: Any) -> Hello:
+    return _hello_codec.decode(payload)

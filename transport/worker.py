@@ -1,0 +1,487 @@
+"""The worker server behind ``bls worker``: serves one stage on a ZeroMQ ROUTER socket.
+
+Each call runs in its own task under a cancel scope carrying the caller's absolute
+deadline, so a call stops on time even if the cancel frame never arrives. Calls are
+acknowledged to the caller (``Header.ack`` on every frame, or a coalesced ACK) so that
+a caller whose worker dies knows which calls may be retried elsewhere (never started)
+and which must fail (started).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import msgspec
+import zmq
+
+from bls.bindings import InlineBinding
+from bls.errors import InvalidRequest, StageError
+from bls.messages import json_schema
+
+from . import wire
+from .sockets import AsyncSocket
+from .wire import ErrorInfo, Header, Kind, WorkerInfo
+
+__all__ = ["WorkerServer", "WorkerStats"]
+
+log = logging.getLogger("bls.worker")
+
+DEFAULT_CREDIT = 16
+
+
+class WorkerStats(msgspec.Struct):
+    """Counters a worker keeps; ``dropped`` counts malformed or unexpected frames."""
+
+    calls: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    deadline: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    too_large: int = 0
+
+
+class _Client(msgspec.Struct):
+    seen: int = 0  # highest call id received
+    acked: int = 0  # highest call id acknowledged
+    last_heard: float = 0.0
+
+
+class _CallState:
+    __slots__ = ("cancelled", "client", "credit", "id", "key", "scope", "wake")
+
+    def __init__(self, client: bytes, call_id: int, credit: int) -> None:
+        self.client = client
+        self.id = call_id
+        self.key = (client, call_id)
+        self.credit = credit
+        self.wake: anyio.Event | None = None
+        self.scope: anyio.CancelScope | None = None
+        self.cancelled = False
+
+
+def type_path(tp: Any) -> str:
+    """``module:QualName`` for a named class (lets a caller that has it use it)."""
+    if isinstance(tp, type) and tp.__module__ != "builtins" and "<locals>" not in tp.__qualname__:
+        return f"{tp.__module__}:{tp.__qualname__}"
+    return ""
+
+
+class WorkerServer:
+    """Serves ``binding`` (already set up) on ``address`` until cancelled.
+
+    ``stage`` is the name advertised; when ``strict_name`` is set, callers that expect
+    another name are refused at hello time.
+    """
+
+    def __init__(
+        self,
+        binding: InlineBinding,
+        address: str,
+        *,
+        stage: str,
+        strict_name: bool = False,
+        max_inflight: int = 256,
+        max_frame_bytes: int = 256 * 1024 * 1024,
+        heartbeat_s: float = 0.25,
+        dead_after_s: float = 1.0,
+        configure_socket: Callable[[zmq.Socket[Any]], None] | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.binding = binding
+        self.address = address
+        self.stage = stage
+        self.strict_name = strict_name
+        self.max_inflight = max_inflight
+        self.max_frame_bytes = max_frame_bytes
+        self.heartbeat_s = heartbeat_s
+        self.dead_after_s = dead_after_s
+        self.stats = WorkerStats()
+        self.instance = secrets.token_hex(8)
+        self.draining = False
+        self._configure = configure_socket
+        self._ctx = context or zmq.Context.instance()
+        self._calls: dict[tuple[bytes, int], _CallState] = {}
+        self._clients: dict[bytes, _Client] = {}
+        self._sock: AsyncSocket | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._ack_wanted: anyio.Event | None = None
+        self._idle: anyio.Event | None = None
+        sig = binding.signature
+        self._request = wire.Codec(sig.request)
+        self._response = wire.Codec()
+        self._info = WorkerInfo(
+            protocol=wire.PROTOCOL,
+            stage=stage,
+            streaming=sig.streaming,
+            request_schema=json_schema(sig.request),
+            response_schema=json_schema(sig.response),
+            request_type=type_path(sig.request),
+            response_type=type_path(sig.response),
+            instance=self.instance,
+            max_inflight=max_inflight,
+        )
+        self._instance_frame = self.instance.encode()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._calls)
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind, report the bound address through ``task_status``, serve until cancelled."""
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        if self._configure is not None:
+            self._configure(sock)
+        try:
+            sock.bind(self.address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise OSError(f"cannot listen on {self.address}: {exc}") from None
+        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._sock = AsyncSocket(sock, self._on_message)
+        self._ack_wanted = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._sock.run)
+                tg.start_soon(self._heartbeats)
+                tg.start_soon(self._acks)
+                task_status.started(bound)
+        finally:
+            self._sock.close()
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new calls and wait up to ``grace`` s for in-flight ones; True if all ended."""
+        self.draining = True
+        with anyio.move_on_after(grace):
+            while self._calls:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+            return True
+        for state in list(self._calls.values()):
+            if state.scope is not None:
+                state.scope.cancel()
+        return False
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _send(
+        self, client: bytes, kind: int, call_id: int, body: list[Any] | None = None, count: int = 0
+    ) -> None:
+        assert self._sock is not None
+        peer = self._clients.get(client)
+        ack = 0
+        if peer is not None:
+            ack = peer.acked = peer.seen
+        header = wire.encode_header(Header(kind=kind, call=call_id, count=count, ack=ack))
+        self._sock.send([client, header, *(body or (b"",))])
+
+    def _send_error(self, client: bytes, call_id: int, err: StageError) -> None:
+        info = ErrorInfo(
+            stage=err.stage,
+            kind=err.kind,
+            message=err.message,
+            traceback=err.remote_traceback,
+            path=err.path if isinstance(err, InvalidRequest) else None,
+        )
+        self._send(client, Kind.ERROR, call_id, [wire.encode_error(info)])
+
+    def _reject(self, client: bytes, call_id: int, kind: str, message: str) -> None:
+        self.stats.rejected += 1
+        self._send_error(client, call_id, StageError(self.stage, kind, message))
+
+    # -- receiving --------------------------------------------------------------------
+
+    def _on_message(self, frames: list[Any]) -> None:
+        """Dispatch one message. Never raises: a bad frame is dropped and counted."""
+        try:
+            self._dispatch(frames)
+        except Exception:
+            self.stats.dropped += 1
+            log.debug("dropped a frame that could not be handled", exc_info=True)
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        if len(frames) < 3:
+            self.stats.dropped += 1
+            return
+        client = frames[0].bytes
+        parsed = wire.parse(frames[1:])
+        if parsed is None:
+            self.stats.dropped += 1
+            return
+        header, rest = parsed
+        peer = self._clients.get(client)
+        if peer is None:
+            peer = self._clients[client] = _Client()
+        peer.last_heard = time.monotonic()
+        kind = header.kind
+        if kind == Kind.CALL:
+            self._on_call(client, peer, header, rest)
+        elif kind == Kind.CANCEL:
+            self._on_cancel(client, header)
+        elif kind == Kind.CREDIT:
+            state = self._calls.get((client, header.call))
+            if state is None or header.count <= 0:
+                self.stats.dropped += 1
+                return
+            state.credit += header.count
+            if state.wake is not None:
+                state.wake.set()
+        elif kind == Kind.HEARTBEAT:
+            self._send(client, Kind.HEARTBEAT, 0, [self._instance_frame])
+        elif kind == Kind.HELLO:
+            self._on_hello(client, rest)
+        else:
+            self.stats.dropped += 1
+
+    def _on_hello(self, client: bytes, rest: Any) -> None:
+        try:
+            hello = wire.decode_hello(rest[0])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.stats.dropped += 1
+            return
+        info = self._info
+        if hello.protocol != wire.PROTOCOL:
+            info = msgspec.structs.replace(
+                info,
+                error=f"protocol mismatch: the worker speaks bls wire protocol "
+                f"{wire.PROTOCOL}, the caller {hello.protocol}",
+            )
+        elif self.strict_name and hello.stage and hello.stage != self.stage:
+            info = msgspec.structs.replace(
+                info,
+                error=f"this worker serves stage {self.stage!r}, not {hello.stage!r}",
+            )
+        self._send(client, Kind.HELLO, 0, [wire.encode_info(info)])
+
+    def _on_call(self, client: bytes, peer: _Client, header: Header, rest: Any) -> None:
+        call_id = header.call
+        if call_id <= peer.seen and (client, call_id) in self._calls:
+            self.stats.dropped += 1  # a duplicate
+            return
+        peer.seen = max(peer.seen, call_id)
+        if self._ack_wanted is not None:
+            self._ack_wanted.set()
+        self.stats.calls += 1
+        if header.to != self.instance:
+            # Sent to an earlier process at this address: never started, safe to retry.
+            self._reject(client, call_id, "unavailable", "the worker restarted; call not started")
+            return
+        if self.draining:
+            self._reject(client, call_id, "unavailable", "the worker is shutting down")
+            return
+        if len(self._calls) >= self.max_inflight:
+            self._reject(
+                client,
+                call_id,
+                "overloaded",
+                f"the worker is at its limit of {self.max_inflight} calls in flight",
+            )
+            return
+        if wire.frame_sizes(rest) > self.max_frame_bytes:
+            self.stats.too_large += 1
+            self._reject(client, call_id, "too_large", "the request is over the frame limit")
+            return
+        try:
+            req = self._request.decode(rest[0], rest[1:])
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            self.stats.failed += 1
+            self._send_error(client, call_id, InvalidRequest.from_validation(self.stage, exc))
+            return
+        state = _CallState(client, call_id, header.count or DEFAULT_CREDIT)
+        self._calls[state.key] = state
+        deadline = math.inf
+        if header.deadline:
+            deadline = anyio.current_time() + (header.deadline - time.time())
+        assert self._tg is not None
+        self._tg.start_soon(self._run_call, state, req, deadline)
+
+    def _on_cancel(self, client: bytes, header: Header) -> None:
+        state = self._calls.get((client, header.call))
+        if state is None:
+            self.stats.dropped += 1
+            return
+        state.cancelled = True
+        if state.scope is not None:
+            state.scope.cancel()
+
+    # -- running calls ----------------------------------------------------------------
+
+    async def _run_call(self, state: _CallState, req: Any, deadline: float) -> None:
+        client, call_id = state.client, state.id
+        try:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                state.scope = scope
+                if state.cancelled:
+                    scope.cancel()
+                try:
+                    if self.binding.signature.streaming:
+                        await self._stream(state, req)
+                    else:
+                        result = await self.binding.call(req)
+                        self._send(client, Kind.END, call_id, self._encode(result))
+                    self.stats.completed += 1
+                except StageError as err:
+                    self.stats.failed += 1
+                    self._send_error(client, call_id, err)
+            if scope.cancelled_caught:
+                if state.cancelled:
+                    self.stats.cancelled += 1
+                    kind, why = "cancelled", "cancelled by the caller"
+                else:
+                    self.stats.deadline += 1
+                    kind, why = "deadline", "the call's deadline passed"
+                # Acknowledges the cancel; the caller has usually moved on already.
+                self._send_error(client, call_id, StageError(self.stage, kind, why))
+        finally:
+            del self._calls[state.key]
+            if not self._calls and self._idle is not None:
+                self._idle.set()
+
+    def _encode(self, value: Any) -> list[Any]:
+        try:
+            return self._response.encode(value)
+        except TypeError as exc:
+            raise StageError(self.stage, "invalid_response", str(exc)) from None
+
+    async def _stream(self, state: _CallState, req: Any) -> None:
+        items = self.binding.stream(req)
+        try:
+            async for item in items:
+                while state.credit <= 0:
+                    state.wake = anyio.Event()
+                    await state.wake.wait()
+                state.credit -= 1
+                self._send(state.client, Kind.DATA, state.id, self._encode(item))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await items.aclose()  # type: ignore[attr-defined]
+        self._send(state.client, Kind.END, state.id)
+
+    # -- housekeeping -----------------------------------------------------------------
+
+    async def _acks(self) -> None:
+        """Acknowledge received calls that no reply has acknowledged yet (coalesced)."""
+        assert self._ack_wanted is not None
+        while True:
+            await self._ack_wanted.wait()
+            self._ack_wanted = anyio.Event()
+            # Let just-started calls run first: a quick reply carries the ack for free.
+            await anyio.lowlevel.checkpoint()
+            for client, peer in self._clients.items():
+                if peer.seen > peer.acked:
+                    self._send(client, Kind.ACK, 0)
+
+    async def _heartbeats(self) -> None:
+        """Cancel the calls of callers that went silent; forget them."""
+        while True:
+            await anyio.sleep(self.heartbeat_s)
+            now = time.monotonic()
+            for client, peer in list(self._clients.items()):
+                if now - peer.last_heard <= self.dead_after_s:
+                    continue
+                orphans = [s for s in self._calls.values() if s.client == client]
+                if orphans:
+                    log.warning("caller went silent: cancelling its %d call(s)", len(orphans))
+                for state in orphans:
+                    state.cancelled = True
+                    if state.scope is not None:
+                        state.scope.cancel()
+                if not orphans:
+                    del self._clients[client]
+
+
+async def run_worker(
+    binding: InlineBinding,
+    address: str,
+    *,
+    runtime: Any,
+    stage: str,
+    strict_name: bool,
+    max_inflight: int,
+    grace: float,
+    settings: Any,
+    curve_secret: str | None = None,
+    curve_allow: str | None = None,
+    on_ready: Callable[[str], None] = lambda addr: print(f"ready {addr}", flush=True),
+) -> int:
+    """``bls worker``: set up, serve until SIGTERM/SIGINT, drain for ``grace`` s, exit."""
+    import signal
+
+    from .keys import server_curve
+
+    authenticator = None
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    if curve_secret:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        authenticator = ThreadAuthenticator(ctx)
+        authenticator.start()
+        authenticator.configure_curve(domain="*", location=curve_allow or zmq.auth.CURVE_ALLOW_ANY)
+
+    def configure(sock: zmq.Socket[Any]) -> None:
+        if curve_secret:
+            server_curve(sock, curve_secret)
+
+    try:
+        async with runtime:
+            log.info("stage %r: setting up %s", stage, binding.description)
+            started = time.monotonic()
+            await binding.start()
+            log.info("stage %r: set up in %.2fs", stage, time.monotonic() - started)
+            server = WorkerServer(
+                binding,
+                address,
+                stage=stage,
+                strict_name=strict_name,
+                max_inflight=max_inflight,
+                max_frame_bytes=settings.max_frame_bytes,
+                heartbeat_s=settings.heartbeat_s,
+                dead_after_s=max(settings.dead_after_s * 3, 3.0),
+                configure_socket=configure,
+            )
+            try:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async with anyio.create_task_group() as tg:
+                        bound = await tg.start(server.serve)
+                        on_ready(bound)
+                        async for signum in signals:
+                            log.info(
+                                "stage %r: %s: draining %d call(s) (grace %gs)",
+                                stage,
+                                signal.Signals(signum).name,
+                                server.inflight,
+                                grace,
+                            )
+                            clean = await server.drain(grace)
+                            if not clean:
+                                log.warning(
+                                    "stage %r: grace period over, cancelled the rest", stage
+                                )
+                                await anyio.sleep(0.05)  # let cancelled calls report
+                            tg.cancel_scope.cancel()
+                            break
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await binding.aclose()
+    finally:
+        if authenticator is not None:
+            authenticator.stop()
+    log.info("stage %r: stopped (%s)", stage, msgspec.json.encode(server.stats).decode())
+    return 0
