@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import time
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from types import TracebackType
@@ -23,6 +24,7 @@ from .check import StageUse
 from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature, compatible, type_name
+from .timeouts import deadline_at, reset_deadline
 
 __all__ = ["BindingError", "Runtime", "StageStream", "current", "declare", "declared"]
 
@@ -299,12 +301,14 @@ class Runtime:
             raise TypeError(f"entry {entry.name!r} is streaming: use run_stream()")
         req = entry.coerce(req)
         token = _current.set(self)
+        deadline = None if timeout is None else deadline_at(time.time() + timeout)
         try:
             with self._scope(timeout):
                 return await entry.fn(req)
             raise _deadline(entry, timeout)
         finally:
             _current.reset(token)
+            reset_deadline(deadline)
 
     @asynccontextmanager
     async def run_stream(
@@ -324,6 +328,8 @@ class Runtime:
 
         async def produce() -> None:
             token = _current.set(self)
+            if timeout is not None:
+                deadline_at(time.time() + timeout)  # this task's own context
             async with send:
                 try:
                     with self._scope(timeout):

@@ -27,6 +27,7 @@ from bls.bindings import Binding
 from bls.config import TransportConfig
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
 from bls.messages import Signature, shape
+from bls.timeouts import current_deadline
 
 from . import wire
 from .keys import client_curve
@@ -41,7 +42,7 @@ log = logging.getLogger("bls.transport")
 # the call at its deadline).
 DROP_CANCEL_FOR_TESTS = False
 
-WINDOW = 16  # stream items a worker may send ahead of the consumer
+WINDOW = 128  # stream items a worker may send ahead of the consumer (the memory bound)
 
 # Pseudo-kinds delivered to waiting calls when their connection is lost.
 _LOST_UNSTARTED = -1  # the worker never acknowledged the call: safe to retry elsewhere
@@ -327,10 +328,8 @@ def error_from(info: ErrorInfo, stage: str, served: str) -> Exception:
 
 
 def _wall_deadline() -> float:
-    deadline = anyio.current_effective_deadline()
-    if deadline == math.inf:
-        return 0.0
-    return time.time() + (deadline - anyio.current_time())
+    deadline = current_deadline()
+    return 0.0 if deadline == math.inf else deadline
 
 
 class RemoteBinding(Binding):

@@ -27,6 +27,13 @@ import zmq
 __all__ = ["AsyncSocket"]
 
 BATCH = 256  # messages handled per drain before yielding to other tasks
+# Plain ints: pyzmq's flag enums cost an enum operation on every combination.
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+_EVENTS = int(zmq.EVENTS)
+_ZERO_COPY_MIN = 64 * 1024  # smaller frames are cheaper to copy than to pin
 
 
 class AsyncSocket:
@@ -37,6 +44,9 @@ class AsyncSocket:
 
     def __init__(self, sock: zmq.Socket[Any], on_message: Callable[[list[Any]], None]) -> None:
         self.sock = sock
+        # The Cython send, without the Python wrapper's per-call bookkeeping (routing
+        # ids, groups, copy thresholds) that bls never uses: `copy` is decided here.
+        self._raw_send = zmq.backend.Socket.send.__get__(sock)
         self._on_message = on_message
         self._backlog: collections.deque[Sequence[Any]] = collections.deque()
         self._draining = False
@@ -47,15 +57,28 @@ class AsyncSocket:
         """Queue ``frames`` as one message. Never blocks; never raises for a full queue."""
         if self.closed:
             return
-        if self._backlog:
+        if self._backlog or not self._send_now(frames):
             self._backlog.append(frames)
-        else:
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                self._backlog.append(frames)
-        if int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if int(self.sock.get(_EVENTS)) & _POLLIN:
             self.drain()
+
+    def _send_now(self, frames: Sequence[Any]) -> bool:
+        """Send one message without blocking; False if the queue is full (nothing sent).
+
+        A multipart message is queued atomically: only its first frame can be refused.
+        """
+        send = self._raw_send
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            flags = _NOBLOCK if i == last else _NOBLOCK_MORE
+            copy = not (isinstance(frame, memoryview) and frame.nbytes >= _ZERO_COPY_MIN)
+            try:
+                send(frame, flags, copy=copy)
+            except zmq.Again:
+                if i == 0:
+                    return False
+                raise
+        return True
 
     def drop_backlog(self, keep: Callable[[Sequence[Any]], bool]) -> None:
         """Forget queued (unsent) messages for which ``keep`` is false."""
@@ -69,18 +92,23 @@ class AsyncSocket:
         sock = self.sock
         try:
             handled = 0
+            recv = sock.recv
             while handled < BATCH:
-                events = int(sock.getsockopt(zmq.EVENTS))
-                if events & zmq.POLLOUT and self._backlog:
+                events = int(sock.get(_EVENTS))
+                if events & _POLLOUT and self._backlog:
                     self._flush()
-                if not events & zmq.POLLIN:
+                if not events & _POLLIN:
                     self._more = False
                     return
                 try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frame = recv(_NOBLOCK, copy=False)
                 except zmq.Again:
                     self._more = False
                     return
+                frames = [frame]
+                while frame.more:
+                    frame = recv(_NOBLOCK, copy=False)
+                    frames.append(frame)
                 handled += 1
                 self._on_message(frames)
             self._more = True
@@ -89,9 +117,7 @@ class AsyncSocket:
 
     def _flush(self) -> None:
         while self._backlog:
-            try:
-                self.sock.send_multipart(self._backlog[0], zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not self._send_now(self._backlog[0]):
                 return
             self._backlog.popleft()
 
@@ -105,7 +131,8 @@ class AsyncSocket:
             else:
                 await anyio.wait_readable(fd)
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket; ``linger_ms`` lets already-queued messages go out first."""
         if not self.closed:
             self.closed = True
-            self.sock.close(linger=0)
+            self.sock.close(linger=linger_ms)

@@ -9,6 +9,7 @@ and which must fail (started).
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import secrets
@@ -25,6 +26,7 @@ import zmq
 from bls.bindings import InlineBinding
 from bls.errors import InvalidRequest, StageError
 from bls.messages import json_schema
+from bls.timeouts import deadline_at, reset_deadline
 
 from . import wire
 from .sockets import AsyncSocket
@@ -116,6 +118,11 @@ class WorkerServer:
         self._tg: anyio.abc.TaskGroup | None = None
         self._ack_wanted: anyio.Event | None = None
         self._idle: anyio.Event | None = None
+        # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
+        # than the call itself for small requests. At most max_inflight lanes exist.
+        self._pending: collections.deque[tuple[_CallState, Any, float, float]] = collections.deque()
+        self._parked: list[anyio.Event] = []
+        self._lanes = 0
         sig = binding.signature
         self._request = wire.Codec(sig.request)
         self._response = wire.Codec()
@@ -164,7 +171,8 @@ class WorkerServer:
                 tg.start_soon(self._acks)
                 task_status.started(bound)
         finally:
-            self._sock.close()
+            # After a drain, replies just queued must still reach their callers.
+            self._sock.close(linger_ms=1000 if self.draining else 0)
 
     async def drain(self, grace: float) -> bool:
         """Refuse new calls and wait up to ``grace`` s for in-flight ones; True if all ended."""
@@ -309,8 +317,22 @@ class WorkerServer:
         deadline = math.inf
         if header.deadline:
             deadline = anyio.current_time() + (header.deadline - time.time())
-        assert self._tg is not None
-        self._tg.start_soon(self._run_call, state, req, deadline)
+        self._pending.append((state, req, deadline, header.deadline))
+        if self._parked:
+            self._parked.pop().set()
+        elif self._lanes < self.max_inflight:
+            assert self._tg is not None
+            self._lanes += 1
+            self._tg.start_soon(self._lane)
+
+    async def _lane(self) -> None:
+        pending = self._pending
+        while True:
+            while pending:
+                await self._run_call(*pending.popleft())
+            wake = anyio.Event()
+            self._parked.append(wake)
+            await wake.wait()
 
     def _on_cancel(self, client: bytes, header: Header) -> None:
         state = self._calls.get((client, header.call))
@@ -323,8 +345,12 @@ class WorkerServer:
 
     # -- running calls ----------------------------------------------------------------
 
-    async def _run_call(self, state: _CallState, req: Any, deadline: float) -> None:
+    async def _run_call(
+        self, state: _CallState, req: Any, deadline: float, wall_deadline: float
+    ) -> None:
         client, call_id = state.client, state.id
+        # Nested stage calls carry the caller's deadline on (undone after: lanes are reused).
+        token = deadline_at(wall_deadline) if wall_deadline else None
         try:
             with anyio.CancelScope(deadline=deadline) as scope:
                 state.scope = scope
@@ -350,6 +376,8 @@ class WorkerServer:
                 # Acknowledges the cancel; the caller has usually moved on already.
                 self._send_error(client, call_id, StageError(self.stage, kind, why))
         finally:
+            if token is not None:
+                reset_deadline(token)
             del self._calls[state.key]
             if not self._calls and self._idle is not None:
                 self._idle.set()
