@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -131,8 +130,6 @@ def test_errors_are_the_same_remote_and_inline(backend: str) -> None:
 
 
 # -- in-process caller, real worker processes -----------------------------------------
-
-pytestmark_anyio = pytest.mark.anyio
 
 
 @pytest.mark.anyio
@@ -455,4 +452,3 @@ def test_worker_help_and_bad_target() -> None:
     assert out.returncode == 1 and out.stderr.startswith("error: cannot load 'nope.py:x'")
     out = run_bls("worker", f"{STAGES}:whoami", "--listen", "bogus://x")
     assert out.returncode == 1 and "cannot listen on bogus://x" in out.stderr
-    assert os.environ.get("BLS_TRACEBACK") is None
