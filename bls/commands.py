@@ -146,6 +146,110 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     )
 
 
+# -- bls serve -------------------------------------------------------------------------
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a script over HTTP",
+        description="Serve SCRIPT's entrypoints over HTTP: POST /v1/scripts/ENTRY (JSON in; "
+        "JSON, SSE or NDJSON out), POST /v1/chat/completions for an entry declared "
+        "openai='chat', GET /v1/scripts, /openapi.json, /health, /ready, /metrics and "
+        "/debug/requests. Remote stages are connected before it prints 'ready URL'. On "
+        "SIGTERM/SIGINT it stops accepting, lets in-flight requests finish within --grace, "
+        "then exits 0.",
+    )
+    p.add_argument("script", help="path to the script file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="port to listen on; 0 picks a free one (default 8000)",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=64,
+        metavar="N",
+        help="requests handled at once; more are answered 429 with Retry-After (default 64)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="deadline of every request, and the most an X-Request-Timeout header may ask "
+        "for (default 300; 0 = none)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds in-flight requests get to finish on SIGTERM (default 30)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        metavar="N",
+        help="largest request body accepted; larger ones get 413 (default 16 MiB)",
+    )
+    p.add_argument(
+        "--trace-keep",
+        type=int,
+        default=100,
+        metavar="N",
+        help="recent requests whose stage timelines /debug/requests keeps (default 100)",
+    )
+    p.add_argument(
+        "--server",
+        choices=["auto", "uvicorn", "hypercorn"],
+        default="auto",
+        help="HTTP server (default: uvicorn on asyncio, hypercorn on trio)",
+    )
+    p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cli._add_binding_args(p)
+    cli._add_backend_arg(p)
+    p.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .app import App
+    from .http import Limits
+    from .server import serve
+
+    _logging(args.log_level)
+    if args.no_access_log:
+        logging.getLogger("bls.access").setLevel(logging.WARNING)
+    for flag, value, least in (
+        ("--max-inflight", args.max_inflight, 1),
+        ("--max-body-bytes", args.max_body_bytes, 1),
+        ("--trace-keep", args.trace_keep, 0),
+    ):
+        if value < least:
+            raise ConfigError(f"{flag} must be at least {least}")
+    if args.request_timeout < 0 or args.grace < 0:
+        raise ConfigError("--request-timeout and --grace must not be negative")
+    if args.server == "uvicorn" and args.backend == "trio":
+        raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
+    app = App(args.script, config_file=args.config, binds=args.bind)
+    limits = Limits(
+        max_inflight=args.max_inflight,
+        request_timeout=args.request_timeout or None,
+        max_body_bytes=args.max_body_bytes,
+        grace=args.grace,
+        trace_keep=args.trace_keep,
+    )
+    return anyio.run(
+        lambda: serve(app, args.host, args.port, limits, server=args.server),
+        backend=args.backend,
+    )
+
+
 # -- bls keygen ------------------------------------------------------------------------
 
 
@@ -170,4 +274,4 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-cli._EXTRA_COMMANDS.extend([_add_worker, _add_keygen])
+cli._EXTRA_COMMANDS.extend([_add_worker, _add_serve, _add_keygen])

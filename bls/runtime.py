@@ -25,6 +25,7 @@ from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature, compatible, type_name
 from .timeouts import deadline_at, reset_deadline
+from .tracing import active, traced_call, traced_stream
 
 __all__ = ["BindingError", "Runtime", "StageStream", "current", "declare", "declared"]
 
@@ -139,11 +140,12 @@ class StageStream:
     point rather than when the iterator is collected.
     """
 
-    __slots__ = ("_binding", "_it", "_req")
+    __slots__ = ("_binding", "_it", "_req", "_trace")
 
-    def __init__(self, binding: Binding, req: Any) -> None:
+    def __init__(self, binding: Binding, req: Any, trace: Any = None) -> None:
         self._binding = binding
         self._req = req
+        self._trace = trace
         self._it: AsyncIterator[Any] | None = None
 
     def __aiter__(self) -> StageStream:
@@ -151,7 +153,11 @@ class StageStream:
 
     async def __anext__(self) -> Any:
         if self._it is None:
-            self._it = self._binding.stream(self._req)
+            it = self._binding.stream(self._req)
+            if self._trace is not None:
+                binding = self._binding
+                it = traced_stream(self._trace, binding.name, binding.description, it)
+            self._it = it
         return self._binding.result(await self._it.__anext__())
 
     async def aclose(self) -> None:
@@ -278,11 +284,14 @@ class Runtime:
         binding = self._bindings.get(name)
         if binding is None:
             return _not_bound(name, list(self._bindings))
-        return binding.invoke(req)
+        ctx = active()
+        if ctx is None:
+            return binding.invoke(req)
+        return traced_call(ctx, name, binding.description, binding.invoke(req))
 
     def stream(self, name: str, req: Any) -> StageStream:
         """Open a streaming stage call (lazily: nothing is sent until iterated)."""
-        return StageStream(self.binding(name), req)
+        return StageStream(self.binding(name), req, active())
 
     # -- requests ---------------------------------------------------------------------
 

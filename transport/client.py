@@ -28,6 +28,7 @@ from bls.config import TransportConfig
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
 from bls.messages import Signature, shape
 from bls.timeouts import current_deadline
+from bls.tracing import active, decode_spans, note
 
 from . import wire
 from .keys import client_curve
@@ -63,13 +64,14 @@ _monitors = 0  # kinds a worker uses to refuse before starting
 class _Call:
     """One call's inbox: frames for it, in order, as the reader delivers them."""
 
-    __slots__ = ("done", "event", "id", "items")
+    __slots__ = ("done", "event", "id", "items", "spans")
 
     def __init__(self, call_id: int) -> None:
         self.id = call_id
         self.items: collections.deque[tuple[int, Any]] = collections.deque()
         self.event: anyio.Event | None = None
         self.done = False
+        self.spans = b""  # what a traced call's worker recorded, from its final frame
 
     def put(self, kind: int, rest: Any) -> None:
         self.items.append((kind, rest))
@@ -169,9 +171,12 @@ class Connection:
         deadline: float = 0.0,
         count: int = 0,
         to: str = "",
+        trace: str = "",
     ) -> None:
         assert self._sock is not None
-        header = Header(kind=kind, call=call_id, stage=stage, deadline=deadline, count=count, to=to)
+        header = Header(
+            kind=kind, call=call_id, stage=stage, deadline=deadline, count=count, to=to, trace=trace
+        )
         self._sock.send([wire.encode_header(header), *body])
 
     def _send_hello(self) -> None:
@@ -191,7 +196,9 @@ class Connection:
 
     # -- calls ------------------------------------------------------------------------
 
-    def start(self, stage: str, body: Sequence[Any], deadline: float, credit: int = 0) -> _Call:
+    def start(
+        self, stage: str, body: Sequence[Any], deadline: float, credit: int = 0, trace: str = ""
+    ) -> _Call:
         assert self.info is not None
         self._next_id += 1
         call = _Call(self._next_id)
@@ -204,6 +211,7 @@ class Connection:
             deadline=deadline,
             count=credit,
             to=self.info.instance,
+            trace=trace,
         )
         return call
 
@@ -238,6 +246,7 @@ class Connection:
                 return
             if kind != Kind.DATA:
                 call.done = True
+                call.spans = header.spans
             call.put(kind, rest)
         elif kind == Kind.HEARTBEAT:
             instance = bytes(rest[0]).decode(errors="replace")
@@ -325,6 +334,13 @@ def error_from(info: ErrorInfo, stage: str, served: str) -> Exception:
     if info.kind == "deadline":
         return DeadlineExceeded(f"stage {stage!r}: the deadline passed in the worker")
     return StageError(name, info.kind, info.message, info.traceback)
+
+
+def _adopt(call: _Call) -> None:
+    """Hang the spans a traced call's worker reported under the call's own span."""
+    ctx = active()
+    if call.spans and ctx is not None:
+        ctx[0].adopt(decode_spans(call.spans), ctx[1])
 
 
 def _wall_deadline() -> float:
@@ -462,6 +478,7 @@ class RemoteBinding(Binding):
         return error_from(info, self.name, conn.info.stage if conn.info else self.name)
 
     def _decode(self, rest: Any, codec: wire.Codec) -> Any:
+        note(bytes_in=wire.frame_sizes(rest))
         try:
             return codec.decode(rest[0], rest[1:])
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
@@ -473,13 +490,15 @@ class RemoteBinding(Binding):
         """Start the call on some replica and wait for its first frame, retrying calls
         that a replica refused or lost before starting them."""
         deadline = _wall_deadline()
+        ctx = active()
+        trace = ctx[0].id if ctx is not None else ""
         tried: list[Connection] = []
         refusal: Exception | None = None
         while True:
             conn = self._pick(tried)
             if conn is None:
                 raise refusal or self._unavailable()
-            call = conn.start(self.name, body, deadline, credit)
+            call = conn.start(self.name, body, deadline, credit, trace)
             try:
                 kind, rest = await call.get()
             except BaseException:
@@ -503,7 +522,10 @@ class RemoteBinding(Binding):
                     tried.append(conn)
                     refusal = self.error(info, conn)
                     continue
+                _adopt(call)
                 raise self.error(info, conn)
+            if ctx is not None:
+                note(replica=conn.address, bytes_out=wire.frame_sizes(body))
             return conn, call, kind, rest
 
     async def call(self, req: Any) -> Any:
@@ -511,6 +533,7 @@ class RemoteBinding(Binding):
             return await Binding.call(self, req)
         conn, call, _, rest = await self._first(self._request(req), 0)
         conn.finish(call)
+        _adopt(call)
         return self._decode(rest, self._result)
 
     async def invoke(self, req: Any) -> Any:
@@ -561,6 +584,7 @@ class _RemoteStream:
                 self._close()
                 raise
         self._close()
+        _adopt(self._call)
         if kind == Kind.END:
             raise StopAsyncIteration
         if kind == Kind.ERROR:

@@ -79,6 +79,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     ack: int = 0  # worker → client: highest call id received from this client
     trace: str = ""  # W3C traceparent of the caller's span, if any
     to: str = ""  # CALL: the worker instance the caller believes it is talking to
+    spans: bytes = b""  # END/ERROR of a traced call: the spans the worker recorded
 
 
 class Hello(msgspec.Struct, frozen=True):

@@ -27,6 +27,7 @@ from bls.bindings import InlineBinding
 from bls.errors import InvalidRequest, StageError
 from bls.messages import json_schema
 from bls.timeouts import deadline_at, reset_deadline
+from bls.tracing import Span, Trace, activate, deactivate, encode_spans, outcome_of
 
 from . import wire
 from .sockets import AsyncSocket
@@ -59,7 +60,7 @@ class _Client(msgspec.Struct):
 
 
 class _CallState:
-    __slots__ = ("cancelled", "client", "credit", "id", "key", "scope", "wake")
+    __slots__ = ("cancelled", "client", "credit", "id", "key", "scope", "trace", "wake")
 
     def __init__(self, client: bytes, call_id: int, credit: int) -> None:
         self.client = client
@@ -69,6 +70,7 @@ class _CallState:
         self.wake: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
         self.cancelled = False
+        self.trace: Trace | None = None
 
 
 def type_path(tp: Any) -> str:
@@ -190,17 +192,32 @@ class WorkerServer:
     # -- sending ----------------------------------------------------------------------
 
     def _send(
-        self, client: bytes, kind: int, call_id: int, body: list[Any] | None = None, count: int = 0
+        self,
+        client: bytes,
+        kind: int,
+        call_id: int,
+        body: list[Any] | None = None,
+        count: int = 0,
+        spans: bytes = b"",
     ) -> None:
         assert self._sock is not None
         peer = self._clients.get(client)
         ack = 0
         if peer is not None:
             ack = peer.acked = peer.seen
-        header = wire.encode_header(Header(kind=kind, call=call_id, count=count, ack=ack))
-        self._sock.send([client, header, *(body or (b"",))])
+        header = Header(kind=kind, call=call_id, count=count, ack=ack, spans=spans)
+        self._sock.send([client, wire.encode_header(header), *(body or (b"",))])
 
-    def _send_error(self, client: bytes, call_id: int, err: StageError) -> None:
+    def _finish(self, state: _CallState, kind: int, body: list[Any] | None = None) -> None:
+        """Send a call's final frame, with its spans when the caller traces it."""
+        spans = b""
+        if state.trace is not None:
+            spans = encode_spans(state.trace.spans)
+        self._send(state.client, kind, state.id, body, spans=spans)
+
+    def _send_error(
+        self, client: bytes, call_id: int, err: StageError, state: _CallState | None = None
+    ) -> None:
         info = ErrorInfo(
             stage=err.stage,
             kind=err.kind,
@@ -208,7 +225,10 @@ class WorkerServer:
             traceback=err.remote_traceback,
             path=err.path if isinstance(err, InvalidRequest) else None,
         )
-        self._send(client, Kind.ERROR, call_id, [wire.encode_error(info)])
+        if state is None:
+            self._send(client, Kind.ERROR, call_id, [wire.encode_error(info)])
+        else:
+            self._finish(state, Kind.ERROR, [wire.encode_error(info)])
 
     def _reject(self, client: bytes, call_id: int, kind: str, message: str) -> None:
         self.stats.rejected += 1
@@ -313,6 +333,8 @@ class WorkerServer:
             self._send_error(client, call_id, InvalidRequest.from_validation(self.stage, exc))
             return
         state = _CallState(client, call_id, header.count or DEFAULT_CREDIT)
+        if header.trace:
+            state.trace = Trace(header.trace, self.stage)
         self._calls[state.key] = state
         deadline = math.inf
         if header.deadline:
@@ -351,6 +373,12 @@ class WorkerServer:
         client, call_id = state.client, state.id
         # Nested stage calls carry the caller's deadline on (undone after: lanes are reused).
         token = deadline_at(wall_deadline) if wall_deadline else None
+        trace, span, trace_token = state.trace, None, None
+        if trace is not None:
+            # The worker's own span; its nested stage calls become its children.
+            span = trace.open(self.stage, 0, f"worker {self.binding.description}")
+            span.replica = self.address
+            trace_token = activate(trace, span.id)
         try:
             with anyio.CancelScope(deadline=deadline) as scope:
                 state.scope = scope
@@ -358,14 +386,17 @@ class WorkerServer:
                     scope.cancel()
                 try:
                     if self.binding.signature.streaming:
-                        await self._stream(state, req)
+                        await self._stream(state, req, span)
                     else:
                         result = await self.binding.call(req)
-                        self._send(client, Kind.END, call_id, self._encode(result))
+                        body = self._encode(result)
+                        _close(state, span, "ok")
+                        self._finish(state, Kind.END, body)
                     self.stats.completed += 1
                 except StageError as err:
                     self.stats.failed += 1
-                    self._send_error(client, call_id, err)
+                    _close(state, span, *outcome_of(err))
+                    self._send_error(client, call_id, err, state)
             if scope.cancelled_caught:
                 if state.cancelled:
                     self.stats.cancelled += 1
@@ -373,9 +404,12 @@ class WorkerServer:
                 else:
                     self.stats.deadline += 1
                     kind, why = "deadline", "the call's deadline passed"
+                _close(state, span, kind)
                 # Acknowledges the cancel; the caller has usually moved on already.
-                self._send_error(client, call_id, StageError(self.stage, kind, why))
+                self._send_error(client, call_id, StageError(self.stage, kind, why), state)
         finally:
+            if trace_token is not None:
+                deactivate(trace_token)
             if token is not None:
                 reset_deadline(token)
             del self._calls[state.key]
@@ -388,7 +422,7 @@ class WorkerServer:
         except TypeError as exc:
             raise StageError(self.stage, "invalid_response", str(exc)) from None
 
-    async def _stream(self, state: _CallState, req: Any) -> None:
+    async def _stream(self, state: _CallState, req: Any, span: Span | None) -> None:
         items = self.binding.stream(req)
         try:
             async for item in items:
@@ -397,10 +431,13 @@ class WorkerServer:
                     await state.wake.wait()
                 state.credit -= 1
                 self._send(state.client, Kind.DATA, state.id, self._encode(item))
+                if span is not None:
+                    span.items += 1
         finally:
             with anyio.CancelScope(shield=True):
                 await items.aclose()  # type: ignore[attr-defined]
-        self._send(state.client, Kind.END, state.id)
+        _close(state, span, "ok")
+        self._finish(state, Kind.END)
 
     # -- housekeeping -----------------------------------------------------------------
 
@@ -433,6 +470,11 @@ class WorkerServer:
                         state.scope.cancel()
                 if not orphans:
                     del self._clients[client]
+
+
+def _close(state: _CallState, span: Span | None, outcome: str, kind: str = "") -> None:
+    if span is not None and state.trace is not None and not span.end:
+        state.trace.close(span, outcome, kind)
 
 
 async def run_worker(

@@ -1,0 +1,661 @@
+"""The HTTP frontend of ``bls serve``: a plain ASGI application over a loaded script.
+
+Routes::
+
+    POST /v1/scripts/{entry}      run an entry (JSON in; JSON, SSE or NDJSON out)
+    POST /v1/chat/completions     OpenAI-compatible, for an entry declared openai="chat"
+    GET  /v1/scripts              entries with their request/response schemas
+    GET  /openapi.json            generated from the message types
+    GET  /health                  the process is alive
+    GET  /ready                   every bound stage is reachable (503 names those that are not)
+    GET  /metrics                 Prometheus text
+    GET  /debug/requests[/{id}]   recent requests and their stage timelines
+
+Each accepted request runs its script under one cancel scope. That scope is cancelled
+when the client disconnects, when the request's deadline passes, or when a drain runs out
+of grace, and with it every stage call under the request, remote work included. Errors
+reach the client as ``{"error": {"type", "message", "stage", "path"}}`` with a status
+that says whose fault it was; a traceback never does (it goes to the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from . import chat, openapi, timeline
+from .entry import Script
+from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .metrics import CONTENT_TYPE as METRICS_TYPE
+from .metrics import Metrics
+from .runtime import Runtime
+from .tracing import Trace, TraceStore, activate, deactivate, outcome_of
+
+__all__ = ["Frontend", "HttpError", "Limits"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("bls.http")
+access = logging.getLogger("bls.access")
+
+_JSON = b"application/json"
+_SSE = b"text/event-stream"
+_NDJSON = b"application/x-ndjson"
+_encode = msgspec.json.encode
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    """The frontend's bounds, from ``bls serve``'s flags."""
+
+    max_inflight: int = 64  # accepted requests at once; more get 429
+    request_timeout: float | None = 300.0  # upper bound of any request's deadline
+    max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413, unread
+    grace: float = 30.0  # seconds in-flight requests get on SIGTERM
+    trace_keep: int = 100  # finished request traces kept for /debug/requests
+
+
+class HttpError(Exception):
+    """An error answered with ``status`` and the JSON error body."""
+
+    def __init__(
+        self,
+        status: int,
+        type: str,
+        message: str,
+        *,
+        stage: str | None = None,
+        path: str | None = None,
+        kind: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+        self.stage = stage
+        self.path = path
+        self.kind = kind
+        self.headers = headers or []
+
+    def body(self) -> bytes:
+        error: dict[str, Any] = {
+            "type": self.type,
+            "message": self.message,
+            "stage": self.stage,
+            "path": self.path,
+        }
+        if self.kind is not None:
+            error["kind"] = self.kind
+        return _encode({"error": error})
+
+
+def error_for(exc: BaseException) -> HttpError:
+    """The HTTP answer for an exception a request ended with."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return error_for(exc.exceptions[0])
+    if isinstance(exc, HttpError):
+        return exc
+    if isinstance(exc, DeadlineExceeded):
+        return HttpError(504, "deadline_exceeded", str(exc))
+    if isinstance(exc, StageError) and exc.kind == "deadline":
+        return HttpError(504, "deadline_exceeded", str(exc), stage=exc.stage)
+    if isinstance(exc, StageError):
+        path = exc.path if isinstance(exc, InvalidRequest) else None
+        if exc.kind in ("unavailable", "overloaded"):
+            return HttpError(
+                503, "stage_unavailable", exc.message, stage=exc.stage, path=path, kind=exc.kind
+            )
+        return HttpError(502, "stage_error", exc.message, stage=exc.stage, path=path, kind=exc.kind)
+    if isinstance(exc, StageNotBound):
+        return HttpError(500, "not_bound", str(exc), stage=exc.stage)
+    return HttpError(500, "internal", f"the script failed: {type(exc).__name__}: {exc}")
+
+
+def _invalid(exc: InvalidRequest) -> HttpError:
+    return HttpError(422, "invalid_request", exc.message, stage=exc.stage, path=exc.path)
+
+
+class _Request:
+    """What one accepted request's handling shares with its disconnect watcher."""
+
+    __slots__ = ("disconnected", "error_frame", "id", "scope", "status", "streamed")
+
+    def __init__(self, request_id: str) -> None:
+        self.id = request_id
+        self.scope = anyio.CancelScope()
+        self.disconnected = False
+        self.status = 0
+        self.streamed = False
+        # How an error is framed once a stream has started (SSE by default).
+        self.error_frame: Callable[[HttpError], bytes] = _sse_error
+
+
+class _Disconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+async def _watch(receive: Receive, request: _Request) -> None:
+    """Cancel the request when its client goes away (the body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            request.disconnected = True
+            request.scope.cancel()
+            return
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+class Frontend:
+    """The ASGI application serving one loaded script through ``runtime``."""
+
+    def __init__(
+        self,
+        entries: dict[str, Script],
+        runtime: Runtime,
+        *,
+        title: str = "bls",
+        limits: Limits | None = None,
+    ) -> None:
+        self.entries = entries
+        self.runtime = runtime
+        self.title = title
+        self.limits = limits or Limits()
+        self.metrics = Metrics()
+        self.traces = TraceStore(self.limits.trace_keep)
+        self.inflight = 0
+        self.draining = False
+        self._requests: set[_Request] = set()
+        self._idle: anyio.Event | None = None
+        self.chat_entry = next((e for e in entries.values() if e.openai == "chat"), None)
+        self._openapi: bytes | None = None
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("GET", "/health"): self._health,
+            ("GET", "/ready"): self._ready,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/v1/scripts"): self._list,
+            ("GET", "/openapi.json"): self._openapi_json,
+            ("GET", "/debug/requests"): self._debug_list,
+            ("POST", "/v1/chat/completions"): self._chat,
+        }
+
+    # -- ASGI -------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        route = self._routes.get((method, path))
+        if route is not None:
+            await route(scope, receive, send)
+            return
+        if path.startswith("/v1/scripts/") and method == "POST":
+            await self._script(scope, receive, send, path[len("/v1/scripts/") :])
+            return
+        if path.startswith("/debug/requests/") and method == "GET":
+            await self._debug_page(scope, send, path[len("/debug/requests/") :])
+            return
+        rid = self._request_id(scope)
+        if any(p == path for _, p in self._routes) or path.startswith("/v1/scripts/"):
+            allowed = ", ".join(m for m, p in self._routes if p == path) or "POST"
+            error = HttpError(
+                405,
+                "method_not_allowed",
+                f"{method} is not allowed on {path}",
+                headers=[(b"allow", allowed.encode())],
+            )
+        else:
+            error = HttpError(404, "not_found", f"no route {method} {path}")
+        await _send_error(send, error, rid)
+
+    # -- small routes -----------------------------------------------------------------
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, b'{"status":"ok"}', self._request_id(scope))
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rid = self._request_id(scope)
+        if self.draining:
+            error = HttpError(503, "draining", "the server is shutting down")
+            await _send_error(send, error, rid)
+            return
+        down = [name for name, b in self.runtime.bindings.items() if not b.ready()]
+        if down:
+            error = HttpError(
+                503,
+                "stage_unavailable",
+                f"stage(s) not reachable: {', '.join(down)}",
+                stage=down[0],
+            )
+            await _send_error(send, error, rid)
+            return
+        await _respond(send, 200, _encode({"status": "ready"}), rid)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = self.metrics.render()
+        await _respond(send, 200, body, self._request_id(scope), METRICS_TYPE.encode())
+
+    async def _list(self, scope: Scope, receive: Receive, send: Send) -> None:
+        listing = []
+        for entry in self.entries.values():
+            request, response = openapi.entry_schemas(entry)
+            listing.append(
+                {
+                    "name": entry.name,
+                    "path": f"/v1/scripts/{entry.name}",
+                    "streaming": entry.streaming,
+                    "openai": entry.openai,
+                    "request": request,
+                    "response": response,
+                }
+            )
+        await _respond(send, 200, _encode({"scripts": listing}), self._request_id(scope))
+
+    async def _openapi_json(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._openapi is None:
+            self._openapi = _encode(openapi.document(self.entries, self.title))
+        await _respond(send, 200, self._openapi, self._request_id(scope))
+
+    async def _debug_list(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rid = self._request_id(scope)
+        if b"application/json" in (_header(scope, b"accept") or b""):
+            body = _encode([timeline.summary(t) for t in self.traces.recent()])
+            await _respond(send, 200, body, rid)
+            return
+        page = timeline.index_page(self.traces.recent(), self.title)
+        await _respond(send, 200, page.encode(), rid, b"text/html; charset=utf-8")
+
+    async def _debug_page(self, scope: Scope, send: Send, trace_id: str) -> None:
+        rid = self._request_id(scope)
+        trace = self.traces.get(trace_id)
+        if trace is None:
+            error = HttpError(404, "not_found", f"no recent request with id {trace_id!r}")
+            await _send_error(send, error, rid)
+            return
+        if b"application/json" in (_header(scope, b"accept") or b""):
+            await _respond(send, 200, _encode(timeline.summary(trace, spans=True)), rid)
+            return
+        body = timeline.trace_page(trace).encode()
+        await _respond(send, 200, body, rid, b"text/html; charset=utf-8")
+
+    # -- running entries --------------------------------------------------------------
+
+    def _request_id(self, scope: Scope) -> bytes:
+        given = _header(scope, b"x-request-id")
+        if given and len(given) <= 128 and given.isascii():
+            return given
+        return secrets.token_hex(8).encode()
+
+    async def _script(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            error = HttpError(
+                404,
+                "not_found",
+                f"no entry {name!r} (entries: {', '.join(self.entries)})",
+            )
+            await _send_error(send, error, self._request_id(scope))
+            return
+        await self._accept(scope, receive, send, entry, self._run_entry)
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entry = self.chat_entry
+        if entry is None:
+            why = "no entry serves chat: declare one with @bls.script(openai='chat')"
+            error = HttpError(404, "not_found", why)
+            await _send_error(send, error, self._request_id(scope))
+            return
+        await self._accept(scope, receive, send, entry, self._run_chat)
+
+    async def _accept(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        entry: Script,
+        run: Callable[[Scope, Send, Script, Any, float | None, _Request], Awaitable[None]],
+    ) -> None:
+        """Admission, body, deadline, trace, disconnect watch, error answer, bookkeeping."""
+        started = time.perf_counter()
+        request = _Request(self._request_id(scope).decode())
+        trace = Trace(request.id, entry.name, self.metrics.span)
+        root = trace.open(entry.name, 0, "script", entry.streaming)
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        self._requests.add(request)
+        try:
+            if self.draining:
+                raise HttpError(503, "draining", "the server is shutting down")
+            if self.inflight > self.limits.max_inflight:
+                raise HttpError(
+                    429,
+                    "overloaded",
+                    f"the server is at its limit of {self.limits.max_inflight} requests in flight",
+                    headers=[(b"retry-after", b"1")],
+                )
+            body = await self._body(scope, receive)
+            try:
+                req = entry.decode(body)
+            except InvalidRequest as exc:
+                raise _invalid(exc) from None
+            timeout = self._timeout(scope)
+            token = activate(trace, root.id)
+            try:
+                with request.scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_watch, receive, request)
+                        try:
+                            await run(scope, send, entry, req, timeout, request)
+                        finally:
+                            tg.cancel_scope.cancel()
+            finally:
+                deactivate(token)
+            if request.scope.cancelled_caught and not request.disconnected:
+                self.metrics.cancellations.labels("shutdown").inc()
+                raise HttpError(503, "draining", "the server shut down before the request ended")
+            if request.disconnected:
+                raise _Disconnected
+            trace.close(root, "ok")
+        except _Disconnected:
+            # Nobody to answer; 499 (client closed request) is for the log and metrics.
+            request.disconnected = True
+            request.status = request.status or 499
+            trace.close(root, "cancelled", "disconnect")
+            self.metrics.cancellations.labels("disconnect").inc()
+        except BaseException as exc:
+            error = error_for(exc)
+            if error.status == 500 and not isinstance(exc, HttpError):
+                log.error("request %s to %r failed", request.id, entry.name, exc_info=exc)
+            if error.status == 504:
+                self.metrics.cancellations.labels("deadline").inc()
+            if not root.end:
+                trace.close(root, *outcome_of(exc))
+            await self._answer_error(send, request, error)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._requests.discard(request)
+            self.inflight -= 1
+            self.metrics.inflight.dec()
+            elapsed = time.perf_counter() - started
+            trace.status = request.status
+            self.traces.add(trace)
+            self.metrics.request(entry.name, request.status, elapsed)
+            access.info(
+                "%s %s %s %d %.1fms",
+                request.id,
+                scope["method"],
+                scope["path"],
+                request.status,
+                elapsed * 1000,
+            )
+            if self._idle is not None and not self._requests:
+                self._idle.set()
+
+    async def _answer_error(self, send: Send, request: _Request, error: HttpError) -> None:
+        if request.disconnected:
+            return
+        try:
+            if request.streamed:
+                # Headers went out already: end the stream with the error instead.
+                await send({"type": "http.response.body", "body": request.error_frame(error)})
+                request.status = request.status or error.status
+            else:
+                request.status = error.status
+                await _send_error(send, error, request.id.encode())
+        except OSError:
+            request.disconnected = True
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.limits.max_body_bytes
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise HttpError(
+                413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _timeout(self, scope: Scope) -> float | None:
+        bound = self.limits.request_timeout
+        raw = _header(scope, b"x-request-timeout")
+        if raw is None:
+            return bound
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not seconds > 0 or math.isinf(seconds):
+            given = raw.decode(errors="replace")
+            raise HttpError(
+                400,
+                "invalid_header",
+                f"X-Request-Timeout must be a positive number of seconds, got {given!r}",
+                path="X-Request-Timeout",
+            )
+        return seconds if bound is None else min(seconds, bound)
+
+    async def _run_entry(
+        self,
+        scope: Scope,
+        send: Send,
+        entry: Script,
+        req: Any,
+        timeout: float | None,
+        request: _Request,
+    ) -> None:
+        rid = request.id.encode()
+        if not entry.streaming:
+            result = await self.runtime.run(entry, req, timeout=timeout)
+            request.status = 200
+            await _respond(send, 200, _encode(result), rid)
+            return
+        ndjson = _NDJSON in (_header(scope, b"accept") or b"")
+        if ndjson:
+            frame = _ndjson_item
+            end = b""
+            request.error_frame = _ndjson_error
+        else:
+            frame = _sse_item
+            end = b"event: end\ndata: {}\n\n"
+        content_type = _NDJSON if ndjson else _SSE
+        async with self.runtime.run_stream(entry, req, timeout=timeout) as items:
+            await self._stream(send, items, request, content_type, frame)
+        await send({"type": "http.response.body", "body": end})
+
+    async def _stream(
+        self,
+        send: Send,
+        items: AsyncIterator[Any],
+        request: _Request,
+        content_type: bytes,
+        frame: Callable[[Any], bytes],
+    ) -> None:
+        """Send items as they come. Headers wait for the first item, so an error before
+        it still gets its own status code."""
+        async for item in items:
+            if not request.streamed:
+                await _start(send, 200, request.id.encode(), content_type, stream=True)
+                request.streamed = True
+                request.status = 200
+            await send({"type": "http.response.body", "body": frame(item), "more_body": True})
+        if not request.streamed:
+            await _start(send, 200, request.id.encode(), content_type, stream=True)
+            request.streamed = True
+            request.status = 200
+
+    async def _run_chat(
+        self,
+        scope: Scope,
+        send: Send,
+        entry: Script,
+        req: Any,
+        timeout: float | None,
+        request: _Request,
+    ) -> None:
+        cid = chat.completion_id()
+        model = getattr(req, "model", "") or entry.name
+        if not getattr(req, "stream", False):
+            if entry.streaming:
+                parts = []
+                async with self.runtime.run_stream(entry, req, timeout=timeout) as items:
+                    async for item in items:
+                        parts.append(chat.text_of(item))
+                text = "".join(parts)
+            else:
+                text = chat.text_of(await self.runtime.run(entry, req, timeout=timeout))
+            request.status = 200
+            await _respond(send, 200, chat.completion(cid, model, text), request.id.encode())
+            return
+
+        def frame(item: Any) -> bytes:
+            return b"data: " + chat.chunk(cid, model, content=chat.text_of(item)) + b"\n\n"
+
+        request.error_frame = _data_error
+        first = b"data: " + chat.chunk(cid, model, role="assistant", content="") + b"\n\n"
+        last = b"data: " + chat.chunk(cid, model, finish="stop") + b"\n\ndata: [DONE]\n\n"
+        if entry.streaming:
+            async with self.runtime.run_stream(entry, req, timeout=timeout) as items:
+                await self._stream(send, _prefixed(first, items), request, _SSE, _raw_or(frame))
+        else:
+            text = chat.text_of(await self.runtime.run(entry, req, timeout=timeout))
+            await self._stream(send, _prefixed(first, _one(text)), request, _SSE, _raw_or(frame))
+        await send({"type": "http.response.body", "body": last})
+
+    # -- drain ------------------------------------------------------------------------
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new requests (``/ready`` turns 503), let in-flight ones finish for up to
+        ``grace`` s, then cancel the rest (they are answered 503). True if none was cut."""
+        self.draining = True
+        with anyio.move_on_after(grace):
+            while self._requests:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+            return True
+        for request in list(self._requests):
+            request.scope.cancel()
+        with anyio.move_on_after(5):
+            while self._requests:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+        return False
+
+
+class _Raw(bytes):
+    """Bytes already framed for the wire (the chat stream's first chunk)."""
+
+
+async def _prefixed(first: bytes, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield _Raw(first)
+    async for item in items:
+        yield item
+
+
+async def _one(value: Any) -> AsyncIterator[Any]:
+    yield value
+
+
+def _raw_or(frame: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    return lambda item: item if isinstance(item, _Raw) else frame(item)
+
+
+def _sse_item(item: Any) -> bytes:
+    return b"data: " + _encode(item) + b"\n\n"
+
+
+def _ndjson_item(item: Any) -> bytes:
+    return _encode(item) + b"\n"
+
+
+def _sse_error(error: HttpError) -> bytes:
+    return b"event: error\ndata: " + error.body() + b"\n\n"
+
+
+def _ndjson_error(error: HttpError) -> bytes:
+    return error.body() + b"\n"
+
+
+def _data_error(error: HttpError) -> bytes:
+    # OpenAI-style streams carry errors as a data event (clients read error.message).
+    return b"data: " + error.body() + b"\n\n"
+
+
+async def _start(
+    send: Send,
+    status: int,
+    request_id: bytes,
+    content_type: bytes,
+    *,
+    length: int | None = None,
+    stream: bool = False,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type), (b"x-request-id", request_id)]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    if stream:
+        headers.append((b"cache-control", b"no-cache"))
+        headers.append((b"x-accel-buffering", b"no"))
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    request_id: bytes,
+    content_type: bytes = _JSON,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    await _start(send, status, request_id, content_type, length=len(body), extra=extra)
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Send, error: HttpError, request_id: bytes) -> None:
+    await _respond(send, error.status, error.body(), request_id, extra=error.headers)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    """The runtime is set up before the server starts: lifespan only acknowledges."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,80 @@
+"""Prometheus metrics for ``bls serve`` (``GET /metrics``), through ``prometheus-client``.
+
+Each :class:`Metrics` has its own registry, so several frontends in one process (tests)
+never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .tracing import Span
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Request latency spans sub-millisecond no-op scripts to minutes-long generations.
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """Request, stage and cancellation counters and latencies."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter(
+            "bls_requests",
+            "HTTP requests to script entries, by entry and status code",
+            ["entry", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "bls_request_duration_seconds",
+            "Time from request to the last byte of the response, by entry",
+            ["entry"],
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "bls_requests_in_flight", "Requests accepted and not yet answered", registry=registry
+        )
+        self.stage_calls = Counter(
+            "bls_stage_calls", "Stage calls made by scripts, by stage", ["stage"], registry=registry
+        )
+        self.stage_errors = Counter(
+            "bls_stage_errors",
+            "Stage calls that failed, by stage and error kind",
+            ["stage", "kind"],
+            registry=registry,
+        )
+        self.stage_latency = Histogram(
+            "bls_stage_duration_seconds",
+            "Stage call duration (a stream: first request to last item), by stage",
+            ["stage"],
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        self.cancellations = Counter(
+            "bls_cancellations",
+            "Requests cancelled before they finished, by reason (disconnect, deadline, shutdown)",
+            ["reason"],
+            registry=registry,
+        )
+
+    def request(self, entry: str, status: int, seconds: float) -> None:
+        self.requests.labels(entry, str(status)).inc()
+        self.latency.labels(entry).observe(seconds)
+
+    def span(self, span: Span) -> None:
+        """Count a finished stage span (the request's root span is not a stage call)."""
+        if span.parent == 0 or span.remote:
+            return
+        self.stage_calls.labels(span.name).inc()
+        self.stage_latency.labels(span.name).observe(span.end - span.start)
+        if span.outcome != "ok":
+            self.stage_errors.labels(span.name, span.kind or span.outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,176 @@
+"""``bls serve``: the frontend on an HTTP server, with start-up, readiness and drain.
+
+Two established ASGI servers, chosen by event loop: Uvicorn (with httptools, the faster
+one) on asyncio, Hypercorn on trio. Either way the runtime is entered first (remote
+stages connected and type-checked), then the server starts, then ``ready URL`` is
+printed. SIGTERM or SIGINT starts a drain: ``/ready`` turns 503, new requests get 503,
+in-flight ones get ``grace`` seconds to finish before they are cancelled (and answered
+503), then the server stops and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .app import App
+from .http import Frontend, Limits
+
+__all__ = ["SERVERS", "serve"]
+
+log = logging.getLogger("bls.serve")
+
+SERVERS = ("auto", "uvicorn", "hypercorn")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _uvicorn(
+    frontend: Frontend,
+    sock: socket.socket,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # bls handles SIGTERM/SIGINT itself (drain first, then stop)
+
+    config = uvicorn.Config(
+        frontend,
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        http="httptools",
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=30,
+    )
+    server = Server(config)
+
+    async def stopper() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stopper)
+        tg.start_soon(server.serve, [sock])
+        while not server.started:
+            if server.should_exit:
+                raise OSError("the HTTP server did not start")
+            await anyio.sleep(0.005)
+        task_status.started()
+
+
+async def _hypercorn(
+    frontend: Frontend,
+    sock: socket.socket,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    import sniffio
+    from hypercorn.config import Config, Sockets
+
+    config = Config()
+    config.accesslog = None
+    config.errorlog = logging.getLogger("bls.hypercorn")
+    config.graceful_timeout = 5
+    config.keep_alive_timeout = 30
+    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    if sniffio.current_async_library() == "trio":
+        from hypercorn.trio.run import worker_serve as trio_serve
+        from hypercorn.utils import wrap_app
+
+        app = wrap_app(frontend, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+        # anyio's task status has the .started() that trio's start protocol calls.
+        status: Any = task_status
+        await trio_serve(
+            app, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=status
+        )
+    else:
+        from hypercorn.asyncio.run import worker_serve as asyncio_serve
+        from hypercorn.utils import wrap_app
+
+        app = wrap_app(frontend, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: asyncio_serve(app, config, sockets=sockets, shutdown_trigger=stop.wait)
+            )
+            await anyio.sleep(0.05)  # asyncio's worker_serve has no started signal
+            task_status.started()
+
+
+async def serve(
+    app: App,
+    host: str,
+    port: int,
+    limits: Limits,
+    *,
+    server: str = "auto",
+    on_ready: Callable[[str], None] = lambda url: print(f"ready {url}", flush=True),
+) -> int:
+    """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0)."""
+    import sniffio
+
+    backend = sniffio.current_async_library()
+    if server == "auto":
+        server = "uvicorn" if backend == "asyncio" else "hypercorn"
+    if server == "uvicorn" and backend != "asyncio":
+        raise ValueError("uvicorn runs on asyncio only: use --server hypercorn with trio")
+    run_server: Any = _uvicorn if server == "uvicorn" else _hypercorn
+    async with app.runtime() as runtime:
+        frontend = Frontend(app.entries, runtime, title=app.path.name, limits=limits)
+        sock = _listen(host, port)
+        stop = anyio.Event()
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as tg:
+                await tg.start(run_server, frontend, sock, stop)
+                log.info(
+                    "serving %s (%s) on %s with %s/%s",
+                    app.path,
+                    ", ".join(app.entries),
+                    _url(sock),
+                    server,
+                    backend,
+                )
+                on_ready(_url(sock))
+                async for signum in signals:
+                    log.info(
+                        "%s: draining %d request(s) (grace %gs)",
+                        signal.Signals(signum).name,
+                        frontend.inflight,
+                        limits.grace,
+                    )
+                    if not await frontend.drain(limits.grace):
+                        log.warning("grace period over: cancelled the requests still running")
+                    stop.set()
+                    break
+    log.info("stopped")
+    return 0

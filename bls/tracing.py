@@ -1,0 +1,262 @@
+"""Request traces: one span per stage call, nested as the task tree nests.
+
+A :class:`Trace` is active for the task tree of one request (``bls serve`` opens one per
+HTTP request; ``bls worker`` opens one for a traced incoming call). While it is active,
+every stage call made in that tree records a :class:`Span`: stage name, binding, replica,
+start and end (epoch seconds), outcome and bytes on the wire. Calls made inside a stage
+(nested scripts, workers calling stages) become children of that stage's span, and fan-
+out siblings share a parent. Remote workers report the spans they recorded back to the
+caller, so one request's tree crosses processes.
+
+With no active trace (``bls run``, library use) the runtime skips all of this: one
+context-variable read per stage call.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import anyio
+import msgspec
+
+from .errors import DeadlineExceeded, StageError
+
+__all__ = ["Span", "Trace", "TraceStore", "active", "note", "traced_call", "traced_stream"]
+
+
+class Span(msgspec.Struct, kw_only=True):
+    """One stage call (or the request itself, the root span with ``parent == 0``)."""
+
+    id: int
+    parent: int
+    name: str
+    binding: str = ""
+    replica: str = ""
+    start: float
+    end: float = 0.0
+    outcome: str = "running"  # ok | error | cancelled | deadline
+    kind: str = ""  # the StageError kind when outcome is "error"
+    bytes_out: int = 0  # request bytes sent on the wire
+    bytes_in: int = 0  # result / item bytes received
+    items: int = 0  # stream items received
+    streaming: bool = False
+    remote: bool = False  # recorded by a worker process and reported back
+
+
+class Trace:
+    """The spans of one request; ``on_end`` sees each span as it finishes."""
+
+    __slots__ = ("_ids", "entry", "id", "on_end", "spans", "start", "status")
+
+    def __init__(
+        self, trace_id: str, entry: str, on_end: Callable[[Span], None] | None = None
+    ) -> None:
+        self.id = trace_id
+        self.entry = entry
+        self.start = time.time()
+        self.spans: list[Span] = []
+        self.status = 0
+        self.on_end = on_end
+        self._ids = itertools.count(1)
+
+    def open(self, name: str, parent: int, binding: str = "", streaming: bool = False) -> Span:
+        span = Span(
+            id=next(self._ids),
+            parent=parent,
+            name=name,
+            binding=binding,
+            start=time.time(),
+            streaming=streaming,
+        )
+        self.spans.append(span)
+        return span
+
+    def close(self, span: Span, outcome: str, kind: str = "") -> None:
+        span.end = time.time()
+        span.outcome = outcome
+        span.kind = kind
+        if self.on_end is not None:
+            self.on_end(span)
+
+    def adopt(self, spans: list[Span], parent: int) -> None:
+        """Take in spans a remote worker reported, re-numbered under ``parent``."""
+        ids: dict[int, int] = {}
+        for span in spans:
+            new = next(self._ids)
+            ids[span.id] = new
+            span.parent = ids.get(span.parent, parent)
+            span.id = new
+            span.remote = True
+            self.spans.append(span)
+
+    @property
+    def duration(self) -> float:
+        ends = [s.end for s in self.spans if s.end]
+        return (max(ends) - self.start) if ends else 0.0
+
+
+# (trace, id of the span new calls are children of)
+_active: contextvars.ContextVar[tuple[Trace, int] | None] = contextvars.ContextVar(
+    "bls_trace", default=None
+)
+
+
+def active() -> tuple[Trace, int] | None:
+    """The trace and parent span id that stage calls here record into, if any."""
+    return _active.get()
+
+
+def activate(trace: Trace, parent: int = 0) -> contextvars.Token[tuple[Trace, int] | None]:
+    return _active.set((trace, parent))
+
+
+def deactivate(token: contextvars.Token[tuple[Trace, int] | None]) -> None:
+    try:
+        _active.reset(token)
+    except ValueError:  # set in another context: leave that context alone
+        pass
+
+
+# The span of the stage call running in this task: transports add replica and bytes.
+_span: contextvars.ContextVar[Span | None] = contextvars.ContextVar("bls_span", default=None)
+
+
+def note(*, replica: str = "", bytes_out: int = 0, bytes_in: int = 0, items: int = 0) -> None:
+    """Add what a binding learned about the current call to its span (no-op untraced)."""
+    span = _span.get()
+    if span is None:
+        return
+    if replica:
+        span.replica = replica
+    span.bytes_out += bytes_out
+    span.bytes_in += bytes_in
+    span.items += items
+
+
+def current_span() -> Span | None:
+    return _span.get()
+
+
+def outcome_of(exc: BaseException) -> tuple[str, str]:
+    """(outcome, kind) for a span that ended with ``exc``."""
+    if isinstance(exc, DeadlineExceeded) or (
+        isinstance(exc, StageError) and exc.kind == "deadline"
+    ):
+        return "deadline", ""
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return "cancelled", ""
+    if isinstance(exc, StageError):
+        return "error", exc.kind
+    return "error", type(exc).__name__
+
+
+async def traced_call(
+    ctx: tuple[Trace, int], name: str, description: str, call: Coroutine[Any, Any, Any]
+) -> Any:
+    """Await ``call`` (a binding's invoke) inside a span of its own."""
+    trace, parent = ctx
+    span = trace.open(name, parent, description)
+    token = _active.set((trace, span.id))
+    span_token = _span.set(span)
+    try:
+        result = await call
+    except BaseException as exc:
+        trace.close(span, *outcome_of(exc))
+        raise
+    finally:
+        _span.reset(span_token)
+        _active.reset(token)
+    trace.close(span, "ok")
+    return result
+
+
+class traced_stream:
+    """Wraps a stage stream: the span runs from the first item asked to the last."""
+
+    __slots__ = ("_ctx", "_description", "_it", "_name", "_span")
+
+    def __init__(
+        self, ctx: tuple[Trace, int], name: str, description: str, it: AsyncIterator[Any]
+    ) -> None:
+        self._ctx = ctx
+        self._name = name
+        self._description = description
+        self._it = it
+        self._span: Span | None = None
+
+    def __aiter__(self) -> traced_stream:
+        return self
+
+    async def __anext__(self) -> Any:
+        trace, parent = self._ctx
+        span = self._span
+        if span is None:
+            span = self._span = trace.open(self._name, parent, self._description, True)
+        if span.end:
+            raise StopAsyncIteration
+        token = _active.set((trace, span.id))
+        span_token = _span.set(span)
+        try:
+            item = await self._it.__anext__()
+        except StopAsyncIteration:
+            trace.close(span, "ok")
+            raise
+        except BaseException as exc:
+            trace.close(span, *outcome_of(exc))
+            raise
+        finally:
+            _span.reset(span_token)
+            _active.reset(token)
+        span.items += 1
+        return item
+
+    async def aclose(self) -> None:
+        span = self._span
+        if span is not None and not span.end:
+            self._ctx[0].close(span, "cancelled", "closed early")
+        close = getattr(self._it, "aclose", None)
+        if close is not None:
+            await close()
+
+
+_spans_encoder = msgspec.msgpack.Encoder()
+_spans_decoder = msgspec.msgpack.Decoder(list[Span])
+
+
+def encode_spans(spans: list[Span]) -> bytes:
+    return _spans_encoder.encode(spans)
+
+
+def decode_spans(data: bytes) -> list[Span]:
+    """Spans a worker reported; [] for anything malformed (a trace never fails a call)."""
+    try:
+        return _spans_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+
+
+class TraceStore:
+    """The last ``keep`` finished traces, by request id (for ``/debug/requests``)."""
+
+    def __init__(self, keep: int = 100) -> None:
+        self.keep = keep
+        self._traces: collections.OrderedDict[str, Trace] = collections.OrderedDict()
+
+    def add(self, trace: Trace) -> None:
+        if self.keep <= 0:
+            return
+        self._traces[trace.id] = trace
+        self._traces.move_to_end(trace.id)
+        while len(self._traces) > self.keep:
+            self._traces.popitem(last=False)
+
+    def get(self, trace_id: str) -> Trace | None:
+        return self._traces.get(trace_id)
+
+    def recent(self) -> list[Trace]:
+        return list(reversed(self._traces.values()))
