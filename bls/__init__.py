@@ -7,6 +7,7 @@ to whatever the configuration binds that name to, in process or over ZeroMQ.
 from importlib.metadata import PackageNotFoundError, version
 
 from .bindings import Binding, InlineBinding
+from .chat import ChatMessage, ChatRequest
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import collect, gather, map, race
@@ -24,6 +25,8 @@ except PackageNotFoundError:  # running from a source tree
 __all__ = [
     "Binding",
     "BindingError",
+    "ChatMessage",
+    "ChatRequest",
     "DeadlineExceeded",
     "InlineBinding",
     "InvalidRequest",

@@ -129,12 +129,13 @@ def _invalid(exc: InvalidRequest) -> HttpError:
 class _Request:
     """What one accepted request's handling shares with its disconnect watcher."""
 
-    __slots__ = ("disconnected", "error_frame", "id", "scope", "status", "streamed")
+    __slots__ = ("disconnected", "error_frame", "finishing", "id", "scope", "status", "streamed")
 
     def __init__(self, request_id: str) -> None:
         self.id = request_id
         self.scope = anyio.CancelScope()
         self.disconnected = False
+        self.finishing = False  # the last body message is being sent
         self.status = 0
         self.streamed = False
         # How an error is framed once a stream has started (SSE by default).
@@ -146,13 +147,29 @@ class _Disconnected(Exception):
 
 
 async def _watch(receive: Receive, request: _Request) -> None:
-    """Cancel the request when its client goes away (the body has been read already)."""
+    """Cancel the request when its client goes away (the body has been read already).
+
+    Servers also report a disconnect once the response is complete; that one is not the
+    client leaving early, so it is ignored once the last body message is on its way.
+    """
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            request.disconnected = True
-            request.scope.cancel()
+            if not request.finishing:
+                request.disconnected = True
+                request.scope.cancel()
             return
+
+
+def _tracking(send: Send, request: _Request) -> Send:
+    """``send`` that marks the request as finishing before its last body message."""
+
+    async def tracked(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            request.finishing = True
+        await send(message)
+
+    return tracked
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -366,7 +383,7 @@ class Frontend:
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_watch, receive, request)
                         try:
-                            await run(scope, send, entry, req, timeout, request)
+                            await run(scope, _tracking(send, request), entry, req, timeout, request)
                         finally:
                             tg.cancel_scope.cancel()
             finally:

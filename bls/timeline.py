@@ -127,6 +127,7 @@ def trace_page(trace: Trace) -> str:
         width = max((end - span.start) / total * 100, 0.2)
         classes = ["bar", span.outcome] + (["remote"] if span.remote else [])
         where = span.binding + (f" @ {span.replica}" if span.replica else "")
+        short = f"@ {span.replica}" if span.replica else span.binding
         facts = [
             f"{span.name}: {span.outcome}{' (' + span.kind + ')' if span.kind else ''}",
             f"{_ms(end - span.start)} from +{_ms(span.start - t0)}",
@@ -143,7 +144,7 @@ def trace_page(trace: Trace) -> str:
             f"data-outcome='{span.outcome}' data-depth='{depth}' "
             f"data-remote='{str(span.remote).lower()}'>"
             f"<div class='label' style='padding-left:{8 + depth * 18}px'>"
-            f"{html.escape(span.name)}{kind} <small>{html.escape(where)}</small></div>"
+            f"{html.escape(span.name)}{kind} <small>{html.escape(short)}</small></div>"
             f"<div class='lane'><div class='{' '.join(classes)}' "
             f"style='left:{left:.3f}%;width:{width:.3f}%' "
             f"title='{html.escape(' · '.join(facts))}'>{_ms(end - span.start)}{mark}</div>"

@@ -162,7 +162,7 @@ class WorkerServer:
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             raise OSError(f"cannot listen on {self.address}: {exc}") from None
-        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        bound = self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = AsyncSocket(sock, self._on_message)
         self._ack_wanted = anyio.Event()
         try:
