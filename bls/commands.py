@@ -6,6 +6,7 @@ Each adds its parser to the ``bls`` command through ``cli._EXTRA_COMMANDS``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -244,9 +245,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         grace=args.grace,
         trace_keep=args.trace_keep,
     )
+    options: dict[str, Any] = {}
+    if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
+        options["use_uvloop"] = True  # what Uvicorn itself picks when it is installed
     return anyio.run(
         lambda: serve(app, args.host, args.port, limits, server=args.server),
         backend=args.backend,
+        backend_options=options,
     )
 
 

@@ -20,9 +20,11 @@ that says whose fault it was; a traceback never does (it goes to the log).
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import math
-import secrets
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
@@ -30,6 +32,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import msgspec
+import sniffio
 
 from . import chat, openapi, timeline
 from .entry import Script
@@ -37,6 +40,7 @@ from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
 from .runtime import Runtime
+from .timeouts import deadline_at, reset_deadline
 from .tracing import Trace, TraceStore, activate, deactivate, outcome_of
 
 __all__ = ["Frontend", "HttpError", "Limits"]
@@ -53,6 +57,14 @@ _JSON = b"application/json"
 _SSE = b"text/event-stream"
 _NDJSON = b"application/x-ndjson"
 _encode = msgspec.json.encode
+
+
+# How long a request runs before a task starts watching for its client's disconnect.
+_WATCH_AFTER = 0.002
+
+# Request ids: random per process, then a counter (os.urandom per request costs more).
+_ID_PREFIX = os.urandom(4).hex().encode()
+_ids = itertools.count(1)
 
 
 class Limits(msgspec.Struct, kw_only=True):
@@ -129,12 +141,22 @@ def _invalid(exc: InvalidRequest) -> HttpError:
 class _Request:
     """What one accepted request's handling shares with its disconnect watcher."""
 
-    __slots__ = ("disconnected", "error_frame", "finishing", "id", "scope", "status", "streamed")
+    __slots__ = (
+        "disconnected",
+        "error_frame",
+        "finishing",
+        "id",
+        "scope",
+        "shutdown",
+        "status",
+        "streamed",
+    )
 
     def __init__(self, request_id: str) -> None:
         self.id = request_id
-        self.scope = anyio.CancelScope()
+        self.scope = anyio.CancelScope()  # the request's deadline, disconnect and drain
         self.disconnected = False
+        self.shutdown = False
         self.finishing = False  # the last body message is being sent
         self.status = 0
         self.streamed = False
@@ -152,13 +174,50 @@ async def _watch(receive: Receive, request: _Request) -> None:
     Servers also report a disconnect once the response is complete; that one is not the
     client leaving early, so it is ignored once the last body message is on its way.
     """
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if not request.finishing:
-                request.disconnected = True
-                request.scope.cancel()
-            return
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not request.finishing:
+                    request.disconnected = True
+                    request.scope.cancel()
+                return
+    except Exception:  # the server gave up on the connection: nothing left to watch
+        log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
+
+
+def _watch_disconnect(receive: Receive, request: _Request) -> Callable[[], object]:
+    """Start :func:`_watch` beside the request; returns what stops it.
+
+    On asyncio this is a bare task, started only once the request has run for
+    ``_WATCH_AFTER`` seconds: a task per request costs more than the rest of a small
+    request put together, and one that ends sooner has nothing left to cancel. The
+    watcher needs none of a task group's guarantees (it never raises, and is always
+    stopped before the request's handler returns).
+    """
+    if sniffio.current_async_library() == "asyncio":
+        loop = asyncio.get_running_loop()
+        started: list[asyncio.Task[None]] = []
+        timer = loop.call_later(
+            _WATCH_AFTER, lambda: started.append(loop.create_task(_watch(receive, request)))
+        )
+
+        def stop() -> None:
+            timer.cancel()
+            if started:
+                started[0].cancel()
+
+        return stop
+    import trio
+
+    stopper = trio.CancelScope()
+
+    async def watch() -> None:
+        with stopper:
+            await _watch(receive, request)
+
+    trio.lowlevel.spawn_system_task(watch)
+    return stopper.cancel
 
 
 def _tracking(send: Send, request: _Request) -> Send:
@@ -322,7 +381,7 @@ class Frontend:
         given = _header(scope, b"x-request-id")
         if given and len(given) <= 128 and given.isascii():
             return given
-        return secrets.token_hex(8).encode()
+        return b"%s%08x" % (_ID_PREFIX, next(_ids))
 
     async def _script(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         entry = self.entries.get(name)
@@ -351,7 +410,7 @@ class Frontend:
         receive: Receive,
         send: Send,
         entry: Script,
-        run: Callable[[Scope, Send, Script, Any, float | None, _Request], Awaitable[None]],
+        run: Callable[[Scope, Send, Script, Any, _Request], Awaitable[None]],
     ) -> None:
         """Admission, body, deadline, trace, disconnect watch, error answer, bookkeeping."""
         started = time.perf_counter()
@@ -377,22 +436,32 @@ class Frontend:
             except InvalidRequest as exc:
                 raise _invalid(exc) from None
             timeout = self._timeout(scope)
+            # One cancel scope for the deadline, a disconnect and the end of a drain; the
+            # deadline also travels with every remote call.
+            deadline = None
+            if timeout is not None:
+                request.scope.deadline = anyio.current_time() + timeout
+                deadline = deadline_at(time.time() + timeout)
             token = activate(trace, root.id)
+            stop_watching = _watch_disconnect(receive, request)
             try:
                 with request.scope:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(_watch, receive, request)
-                        try:
-                            await run(scope, _tracking(send, request), entry, req, timeout, request)
-                        finally:
-                            tg.cancel_scope.cancel()
+                    await run(scope, _tracking(send, request), entry, req, request)
             finally:
+                stop_watching()
                 deactivate(token)
-            if request.scope.cancelled_caught and not request.disconnected:
-                self.metrics.cancellations.labels("shutdown").inc()
-                raise HttpError(503, "draining", "the server shut down before the request ended")
+                reset_deadline(deadline)
             if request.disconnected:
                 raise _Disconnected
+            if request.scope.cancelled_caught:
+                if request.shutdown:
+                    self.metrics.cancellations.labels("shutdown").inc()
+                    raise HttpError(
+                        503, "draining", "the server shut down before the request ended"
+                    )
+                raise DeadlineExceeded(
+                    f"request to {entry.name!r} exceeded its {timeout:g}s deadline"
+                )
             trace.close(root, "ok")
         except _Disconnected:
             # Nobody to answer; 499 (client closed request) is for the log and metrics.
@@ -490,12 +559,11 @@ class Frontend:
         send: Send,
         entry: Script,
         req: Any,
-        timeout: float | None,
         request: _Request,
     ) -> None:
         rid = request.id.encode()
         if not entry.streaming:
-            result = await self.runtime.run(entry, req, timeout=timeout)
+            result = await self.runtime.run(entry, req)
             request.status = 200
             await _respond(send, 200, _encode(result), rid)
             return
@@ -508,7 +576,7 @@ class Frontend:
             frame = _sse_item
             end = b"event: end\ndata: {}\n\n"
         content_type = _NDJSON if ndjson else _SSE
-        async with self.runtime.run_stream(entry, req, timeout=timeout) as items:
+        async with self.runtime.run_stream(entry, req) as items:
             await self._stream(send, items, request, content_type, frame)
         await send({"type": "http.response.body", "body": end})
 
@@ -539,7 +607,6 @@ class Frontend:
         send: Send,
         entry: Script,
         req: Any,
-        timeout: float | None,
         request: _Request,
     ) -> None:
         cid = chat.completion_id()
@@ -547,12 +614,12 @@ class Frontend:
         if not getattr(req, "stream", False):
             if entry.streaming:
                 parts = []
-                async with self.runtime.run_stream(entry, req, timeout=timeout) as items:
+                async with self.runtime.run_stream(entry, req) as items:
                     async for item in items:
                         parts.append(chat.text_of(item))
                 text = "".join(parts)
             else:
-                text = chat.text_of(await self.runtime.run(entry, req, timeout=timeout))
+                text = chat.text_of(await self.runtime.run(entry, req))
             request.status = 200
             await _respond(send, 200, chat.completion(cid, model, text), request.id.encode())
             return
@@ -564,10 +631,10 @@ class Frontend:
         first = b"data: " + chat.chunk(cid, model, role="assistant", content="") + b"\n\n"
         last = b"data: " + chat.chunk(cid, model, finish="stop") + b"\n\ndata: [DONE]\n\n"
         if entry.streaming:
-            async with self.runtime.run_stream(entry, req, timeout=timeout) as items:
+            async with self.runtime.run_stream(entry, req) as items:
                 await self._stream(send, _prefixed(first, items), request, _SSE, _raw_or(frame))
         else:
-            text = chat.text_of(await self.runtime.run(entry, req, timeout=timeout))
+            text = chat.text_of(await self.runtime.run(entry, req))
             await self._stream(send, _prefixed(first, _one(text)), request, _SSE, _raw_or(frame))
         await send({"type": "http.response.body", "body": last})
 
@@ -583,6 +650,7 @@ class Frontend:
                 await self._idle.wait()
             return True
         for request in list(self._requests):
+            request.shutdown = True
             request.scope.cancel()
         with anyio.move_on_after(5):
             while self._requests:

@@ -6,6 +6,8 @@ never share counters.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -23,6 +25,7 @@ class Metrics:
     """Request, stage and cancellation counters and latencies."""
 
     def __init__(self) -> None:
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.registry = registry = CollectorRegistry()
         self.requests = Counter(
             "bls_requests",
@@ -64,8 +67,13 @@ class Metrics:
         )
 
     def request(self, entry: str, status: int, seconds: float) -> None:
-        self.requests.labels(entry, str(status)).inc()
-        self.latency.labels(entry).observe(seconds)
+        key = (entry, status)
+        children = self._children.get(key)
+        if children is None:  # label lookups cost more than the updates: keep them
+            children = (self.requests.labels(entry, str(status)), self.latency.labels(entry))
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def span(self, span: Span) -> None:
         """Count a finished stage span (the request's root span is not a stage call)."""

@@ -310,7 +310,12 @@ class Runtime:
             raise TypeError(f"entry {entry.name!r} is streaming: use run_stream()")
         req = entry.coerce(req)
         token = _current.set(self)
-        deadline = None if timeout is None else deadline_at(time.time() + timeout)
+        if timeout is None:  # no scope of its own: the caller's scopes govern it
+            try:
+                return await entry.fn(req)
+            finally:
+                _current.reset(token)
+        deadline = deadline_at(time.time() + timeout)
         try:
             with self._scope(timeout):
                 return await entry.fn(req)

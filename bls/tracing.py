@@ -29,7 +29,7 @@ from .errors import DeadlineExceeded, StageError
 __all__ = ["Span", "Trace", "TraceStore", "active", "note", "traced_call", "traced_stream"]
 
 
-class Span(msgspec.Struct, kw_only=True):
+class Span(msgspec.Struct, kw_only=True, gc=False):  # scalars only: nothing to collect
     """One stage call (or the request itself, the root span with ``parent == 0``)."""
 
     id: int
