@@ -248,6 +248,7 @@ class Frontend:
         *,
         title: str = "bls",
         limits: Limits | None = None,
+        export: Callable[[Trace], None] | None = None,
     ) -> None:
         self.entries = entries
         self.runtime = runtime
@@ -255,6 +256,7 @@ class Frontend:
         self.limits = limits or Limits()
         self.metrics = Metrics()
         self.traces = TraceStore(self.limits.trace_keep)
+        self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0
         self.draining = False
         self._requests: set[_Request] = set()
@@ -487,6 +489,8 @@ class Frontend:
             elapsed = time.perf_counter() - started
             trace.status = request.status
             self.traces.add(trace)
+            if self.export is not None:
+                self.export(trace)
             self.metrics.request(entry.name, request.status, elapsed)
             access.info(
                 "%s %s %s %d %.1fms",

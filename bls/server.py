@@ -148,8 +148,11 @@ async def serve(
     if server == "uvicorn" and backend != "asyncio":
         raise ValueError("uvicorn runs on asyncio only: use --server hypercorn with trio")
     run_server: Any = _uvicorn if server == "uvicorn" else _hypercorn
+    from .otel import from_environment
+
+    export = from_environment()
     async with app.runtime() as runtime:
-        frontend = Frontend(app.entries, runtime, title=app.path.name, limits=limits)
+        frontend = Frontend(app.entries, runtime, title=app.path.name, limits=limits, export=export)
         sock = _listen(host, port)
         stop = anyio.Event()
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -178,5 +181,7 @@ async def serve(
                         log.warning("grace period over: cancelled the requests still running")
                     stop.set()
                     break
+    if export is not None:
+        export.close()
     log.info("stopped")
     return 0

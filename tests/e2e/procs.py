@@ -18,10 +18,13 @@ from .cli import BLS, ROOT, bls_env
 class Proc:
     """A running ``bls`` process; ``address`` is what it printed after ``ready``."""
 
-    def __init__(self, popen: subprocess.Popen[str], address: str, lines: list[str]) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[str], address: str, lines: list[str], out: list[str]
+    ) -> None:
         self.popen = popen
         self.address = address
         self.lines = lines  # stderr lines, collected as they come
+        self.out = out  # stdout lines after the ready line
 
     @property
     def pid(self) -> int:
@@ -67,6 +70,7 @@ def start(
     assert popen.stderr is not None and popen.stdout is not None
     threading.Thread(target=lambda: lines.extend(popen.stderr), daemon=True).start()  # type: ignore[arg-type]
     ready: list[str] = []
+    out: list[str] = []
     got = threading.Event()
 
     def read_stdout() -> None:
@@ -75,12 +79,14 @@ def start(
             if line.startswith("ready ") and not got.is_set():
                 ready.append(line.split(None, 1)[1].strip())
                 got.set()
+            else:
+                out.append(line)
 
     threading.Thread(target=read_stdout, daemon=True).start()
     if not got.wait(ready_timeout):
         stop(popen)
         raise RuntimeError(f"bls {' '.join(args)} did not become ready:\n{''.join(lines)}")
-    return Proc(popen, ready[0], lines)
+    return Proc(popen, ready[0], lines, out)
 
 
 def stop(popen: subprocess.Popen[str]) -> None:

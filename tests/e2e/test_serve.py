@@ -537,3 +537,24 @@ def test_request_trace_has_a_span_per_stage_call_including_remote_ones(
     listing = http.get("/debug/requests", headers={"Accept": "application/json"}).json()
     assert rid in [t["id"] for t in listing]
     assert http.get("/debug/requests/nope").status_code == 404
+
+
+def test_traces_export_through_opentelemetry_when_configured(workers: dict[str, Proc]) -> None:
+    from .cli import bls_env
+
+    proc = start(
+        ["serve", SERVED, "--port", "0", *_binds(workers)],
+        env=bls_env(OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="served"),
+    )
+    try:
+        r = httpx.post(f"{proc.address}/v1/scripts/greet", json={"text": "o"}, timeout=10)
+        assert r.status_code == 200
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        stop(proc.popen)
+    exported = "".join(proc.out)
+    assert '"name": "request greet"' in exported
+    assert '"name": "stage whoami"' in exported
+    assert r.headers["x-request-id"] in exported
+    assert '"service.name": "served"' in exported
