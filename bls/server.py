@@ -106,6 +106,7 @@ async def _hypercorn(
     config.errorlog = logging.getLogger("bls.hypercorn")
     config.graceful_timeout = 5
     config.keep_alive_timeout = 30
+    config.keep_alive_max_requests = 1 << 62  # as Uvicorn: no cap on a connection's requests
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     if sniffio.current_async_library() == "trio":
         from hypercorn.trio.run import worker_serve as trio_serve

@@ -395,6 +395,13 @@ class WorkerServer:
                     self.stats.completed += 1
                 except StageError as err:
                     self.stats.failed += 1
+                    log.warning(
+                        "stage %r: request %s: %s: %s",
+                        self.stage,
+                        trace.id if trace is not None else "-",
+                        err.kind,
+                        err.message,
+                    )
                     _close(state, span, *outcome_of(err))
                     self._send_error(client, call_id, err, state)
             if scope.cancelled_caught:
