@@ -6,6 +6,7 @@ to whatever the configuration binds that name to, in process or over ZeroMQ.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .batching import batch
 from .bindings import Binding, InlineBinding
 from .chat import ChatMessage, ChatRequest
 from .entry import Script, script
@@ -40,6 +41,7 @@ __all__ = [
     "StreamStage",
     "Worker",
     "__version__",
+    "batch",
     "collect",
     "gather",
     "map",

@@ -170,6 +170,8 @@ class InlineBinding(Binding):
             sig = signature_of(type(target).__call__, skip_self=True)
         elif inspect.iscoroutinefunction(target) or inspect.isasyncgenfunction(target):
             fn, sig = target, signature_of(target)
+        elif isinstance(getattr(target, "__bls_signature__", None), Signature):
+            fn, sig = target, target.__bls_signature__  # e.g. a @bls.batch function
         else:
             raise TypeError(
                 f"stage {name!r}: {_describe(target)} is not an async function, async "

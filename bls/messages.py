@@ -51,8 +51,12 @@ def signature_of(fn: Callable[..., Any], *, skip_self: bool = False) -> Signatur
     """Read the request type (first parameter) and response/item type of ``fn``.
 
     Missing annotations are ``Any``. For an async generator the item type comes from an
-    ``AsyncIterator[T]``/``AsyncGenerator[T, None]`` return annotation.
+    ``AsyncIterator[T]``/``AsyncGenerator[T, None]`` return annotation. Wrappers that
+    change the calling convention (``@bls.batch``) state theirs in ``__bls_signature__``.
     """
+    declared = getattr(fn, "__bls_signature__", None)
+    if isinstance(declared, Signature):
+        return declared
     streaming = inspect.isasyncgenfunction(fn)
     try:
         hints = typing.get_type_hints(fn)
