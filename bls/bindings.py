@@ -104,8 +104,14 @@ class Binding:
 
 
 def worker_error(stage: str, exc: BaseException) -> StageError:
-    """The :class:`StageError` a script sees for an exception raised by worker code."""
+    """The :class:`StageError` a script sees for an exception raised by worker code.
+
+    A StageError the worker raised itself keeps its stage name; one raised with an empty
+    name (a worker that does not know what it is bound as) gets this stage's.
+    """
     if isinstance(exc, StageError):
+        if not exc.stage:
+            exc.stage = stage
         return exc
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return StageError(stage, type(exc).__name__, str(exc), tb)
@@ -126,8 +132,10 @@ class _InlineStream:
     async def __anext__(self) -> Any:
         try:
             return await self._agen.__anext__()
-        except (StopAsyncIteration, StageError):
+        except StopAsyncIteration:
             raise
+        except StageError as exc:
+            raise worker_error(self._name, exc) from None
         except Exception as exc:
             raise worker_error(self._name, exc) from exc
 
@@ -211,8 +219,8 @@ class InlineBinding(Binding):
             req = self._request(req)
         try:
             return await self._fn(req)
-        except StageError:
-            raise
+        except StageError as exc:
+            raise worker_error(self.name, exc) from None
         except Exception as exc:
             raise worker_error(self.name, exc) from exc
 
@@ -224,8 +232,8 @@ class InlineBinding(Binding):
             req = self._request(req)
         try:
             value = await self._fn(req)
-        except StageError:
-            raise
+        except StageError as exc:
+            raise worker_error(self.name, exc) from None
         except Exception as exc:
             raise worker_error(self.name, exc) from exc
         if self._result_fast is not None and isinstance(value, self._result_fast):

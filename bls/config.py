@@ -133,6 +133,17 @@ def load_config(
     return merged
 
 
+def _cached(name: str, stage: StageConfig, binding: Binding) -> Binding:
+    from .cache import CachedBinding, CacheOptions
+
+    try:
+        options = msgspec.convert(stage.cache, CacheOptions)
+        identity = {"stage": name, "target": stage.target(), "options": stage.options}
+        return CachedBinding(binding, options, identity)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"stage {name!r}: bad 'cache' table: {exc}") from None
+
+
 def make_bindings(config: Config) -> dict[str, Binding]:
     """Turn a merged configuration into bindings (imports inline targets; no set-up)."""
     bindings: dict[str, Binding] = {}
@@ -145,6 +156,6 @@ def make_bindings(config: Config) -> dict[str, Binding]:
         except (ImportError, ValueError, TypeError, FileNotFoundError, SyntaxError) as exc:
             raise ConfigError(f"stage {name!r}: cannot bind {stage.target()!r}: {exc}") from exc
         if stage.cache is not None:
-            raise ConfigError(f"stage {name!r}: 'cache' is not supported by this version of bls")
+            binding = _cached(name, stage, binding)
         bindings[name] = binding
     return bindings

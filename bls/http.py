@@ -255,6 +255,7 @@ class Frontend:
         self.title = title
         self.limits = limits or Limits()
         self.metrics = Metrics()
+        self.metrics.watch_caches(runtime.bindings)
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0

@@ -6,6 +6,7 @@ never share counters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -66,6 +67,10 @@ class Metrics:
             registry=registry,
         )
 
+    def watch_caches(self, bindings: Mapping[str, Any]) -> None:
+        """Export the hits, misses, evictions and size of the stages' result caches."""
+        self.registry.register(_CacheCollector(bindings))
+
     def request(self, entry: str, status: int, seconds: float) -> None:
         key = (entry, status)
         children = self._children.get(key)
@@ -86,3 +91,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CacheCollector:
+    """Reads the cache counters at scrape time (the cache keeps them as plain ints)."""
+
+    def __init__(self, bindings: Mapping[str, Any]) -> None:
+        self.bindings = bindings
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from .cache import CachedBinding
+
+        hits = CounterMetricFamily("bls_cache_hits", "Cache hits, by stage", labels=["stage"])
+        misses = CounterMetricFamily(
+            "bls_cache_misses", "Cache misses (worker calls), by stage", labels=["stage"]
+        )
+        evictions = CounterMetricFamily(
+            "bls_cache_evictions", "Entries evicted to stay under capacity", labels=["stage"]
+        )
+        size = GaugeMetricFamily("bls_cache_bytes", "Bytes held by the cache", labels=["stage"])
+        entries = GaugeMetricFamily("bls_cache_entries", "Entries in the cache", labels=["stage"])
+        for name, binding in self.bindings.items():
+            if isinstance(binding, CachedBinding):
+                stats = binding.stats
+                hits.add_metric([name], stats.hits)
+                misses.add_metric([name], stats.misses)
+                evictions.add_metric([name], stats.evictions)
+                size.add_metric([name], stats.bytes)
+                entries.add_metric([name], stats.entries)
+        yield from (hits, misses, evictions, size, entries)

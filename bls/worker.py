@@ -31,6 +31,7 @@ class Worker:
     async def teardown(self) -> None:
         """Release what ``setup`` took. Runs once, at shutdown."""
 
-    async def __call__(self, req: Any) -> Any:
-        """Handle one request (override; an async generator makes a streaming stage)."""
+    def __call__(self, req: Any) -> Any:
+        """Handle one request: override with an ``async def`` (unary) or an async
+        generator (streaming)."""
         raise NotImplementedError(f"{type(self).__qualname__} does not define __call__")

@@ -80,8 +80,9 @@ async def test_a_cancelled_caller_is_dropped_from_a_batch_not_yet_run() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(one, 0)  # the first batch: holds the worker at the gate
-            while not worker.sizes:
-                await anyio.sleep(0.001)
+            with anyio.fail_after(5):
+                while not worker.sizes:  # noqa: ASYNC110 - polling a plain list, bounded
+                    await anyio.sleep(0.001)
             for i in (1, 2, 3):
                 tg.start_soon(one, i)  # these wait for the next batch
             await anyio.sleep(0.005)

