@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch  # at import, not on the event loop at the first call
+
 from .encoder import Embedding
 from .vllm import GenerateRequest, MultiModal
 
@@ -24,8 +26,6 @@ __all__ = ["embeds_prompt", "multimodal_prompt"]
 
 
 def _project(patches: Any, hidden: int, seed: int) -> Any:
-    import torch
-
     patches = torch.as_tensor(patches, dtype=torch.float32)
     if patches.shape[-1] == hidden:
         return patches

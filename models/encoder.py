@@ -215,7 +215,7 @@ class TextEncoder(bls.Worker):
 
 
 class ClassifierOptions(msgspec.Struct, forbid_unknown_fields=True):
-    labels: list[str] = ["cat", "dog", "bird", "car", "tree"]
+    labels: list[str] = msgspec.field(default_factory=lambda: ["cat", "dog", "bird", "car", "tree"])
     hidden: int = 128
     seed: int = 0
 

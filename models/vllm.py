@@ -80,8 +80,11 @@ class VllmOptions(msgspec.Struct, forbid_unknown_fields=True):
     engine: dict[str, Any] = {}
 
 
-def cpu_defaults() -> None:
-    """Environment the CPU build of vLLM needs when nothing else says otherwise."""
+def engine_environment() -> None:
+    """Environment for the engine, where nothing else says otherwise: vLLM's logs go
+    through Python logging (stderr, never stdout, where ``bls run`` writes results),
+    and what its CPU build needs."""
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -103,7 +106,7 @@ class VllmWorker(bls.Worker):
     async def setup(self) -> None:
         if self.engine is not None:
             return
-        cpu_defaults()
+        engine_environment()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

