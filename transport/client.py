@@ -291,6 +291,10 @@ class Connection:
             self._send_hello()
         elif event == zmq.EVENT_DISCONNECTED:
             self._connected = False
+            # What the worker sent before it went (a draining worker's last replies) may
+            # still wait in the socket: take it before failing the calls it answers.
+            if self._sock is not None:
+                self._sock.drain()
             self._lost("the connection dropped")
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self._handshake_error = "the worker refused this caller's credentials (CURVE)"

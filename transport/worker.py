@@ -39,6 +39,7 @@ __all__ = ["WorkerServer", "WorkerStats"]
 log = logging.getLogger("bls.worker")
 
 DEFAULT_CREDIT = 16
+SETTLE_S = 0.25  # after a drain, how long the socket stays open for the last replies
 
 
 class WorkerStats(msgspec.Struct):
@@ -555,7 +556,11 @@ async def run_worker(
                                 log.warning(
                                     "stage %r: grace period over, cancelled the rest", stage
                                 )
-                                await anyio.sleep(0.05)  # let cancelled calls report
+                            # Keep reading a moment while the last replies reach their
+                            # callers: closing a socket with unread input resets the TCP
+                            # connection, and a reset can discard what the caller has not
+                            # read yet.
+                            await anyio.sleep(SETTLE_S)
                             tg.cancel_scope.cancel()
                             break
             finally:
@@ -564,5 +569,8 @@ async def run_worker(
     finally:
         if authenticator is not None:
             authenticator.stop()
+        # The process exits next, and with it libzmq's threads: replies still queued in
+        # closed sockets (a drain's last results) must go out first, within the linger.
+        ctx.destroy(linger=1000)
     log.info("stage %r: stopped (%s)", stage, msgspec.json.encode(server.stats).decode())
     return 0
