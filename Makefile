@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/inline.py
 	$(BIN)/python bench/transport.py
 	$(BIN)/python bench/http.py
+	$(BIN)/python bench/models.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

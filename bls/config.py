@@ -123,8 +123,9 @@ def load_config(
     for spec in binds:
         name, stage_config = parse_bind(spec)
         previous = merged.stages.get(name)
-        if previous is not None:
+        if previous is not None:  # moving a stage keeps its options and its cache
             stage_config.options = previous.options
+            stage_config.cache = previous.cache
         merged.stages[name] = stage_config
     for name, extra in (options or {}).items():
         if name not in merged.stages:

@@ -558,3 +558,20 @@ def test_traces_export_through_opentelemetry_when_configured(workers: dict[str, 
     assert '"name": "stage whoami"' in exported
     assert r.headers["x-request-id"] in exported
     assert '"service.name": "served"' in exported
+
+
+def test_a_cached_stage_reports_hits_and_misses_in_metrics(
+    workers: dict[str, Proc], tmp_path: Path
+) -> None:
+    config = tmp_path / "cache.toml"
+    config.write_text("[stages.whoami]\ninline = 'x:y'\ncache = { capacity_mb = 1 }\n")
+    # --bind moves the stage to the remote worker and keeps the cache in front of it.
+    with serve("--config", str(config), "--bind", f"whoami={workers['whoami'].address}") as proc:
+        for _ in range(3):
+            r = httpx.post(f"{proc.address}/v1/scripts/greet", json={"text": "c"}, timeout=10)
+            assert r.json() == {"text": "hello c", "pid": workers["whoami"].pid}
+        text = httpx.get(f"{proc.address}/metrics").text
+    assert _metric(text, "bls_cache_misses_total", stage="whoami") == 1
+    assert _metric(text, "bls_cache_hits_total", stage="whoami") == 2
+    assert _metric(text, "bls_cache_entries", stage="whoami") == 1
+    assert _metric(text, "bls_cache_bytes", stage="whoami") > 0
