@@ -24,18 +24,29 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-import anyio
+# bench/http.py is a sibling: drop this folder from the path so `http` is the stdlib's.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-import bls
-from bls import stage
-from bls.bindings import InlineBinding
-from bls.cache import CachedBinding, CacheOptions
-from bls.models import tiny
-from bls.models.encoder import EncodeRequest, VisionEncoder, VisionOptions
-from bls.models.vllm import GenerateRequest, VllmOptions, VllmWorker, engine_environment
+import anyio  # noqa: E402
+
+import bls  # noqa: E402
+from bls import stage  # noqa: E402
+from bls.bindings import InlineBinding  # noqa: E402
+from bls.cache import CachedBinding, CacheOptions  # noqa: E402
+from bls.models import tiny  # noqa: E402
+from bls.models.encoder import EncodeRequest, VisionEncoder, VisionOptions  # noqa: E402
+from bls.models.vllm import (  # noqa: E402
+    GenerateItem,
+    GenerateRequest,
+    VllmOptions,
+    VllmWorker,
+    engine_environment,
+)
 
 BLS = str(Path(sys.executable).with_name("bls"))
 ENGINE = {"max_model_len": 256, "enforce_eager": True, "dtype": "float32"}
@@ -101,9 +112,12 @@ async def bench_vllm(streams: int, max_tokens: int, rounds: int) -> list[tuple[s
         async for item in stage.stream("generator", request(i)):
             yield len(item.token_ids)
 
-    async def generator(req: GenerateRequest) -> Any:
-        async for item in worker(req):
-            yield item
+    async def generator(req: GenerateRequest) -> AsyncIterator[GenerateItem]:
+        async with aclosing(worker(req)) as items:
+            async for item in items:
+                yield item
+
+    bls.StreamStage("remote", GenerateRequest, GenerateItem)  # typed results, like inline
 
     results: dict[str, list[tuple[float, float]]] = {"direct": [], "inline": [], "remote": []}
     proc, address = spawn(
@@ -119,12 +133,11 @@ async def bench_vllm(streams: int, max_tokens: int, rounds: int) -> list[tuple[s
         ]
     )
     try:
-        async with bls.Runtime({"generator": generator, "remote": address}) as rt:
-            remote = rt.bindings["remote"]
+        async with bls.Runtime({"generator": generator, "remote": address}):
 
             async def through_remote(i: int) -> Any:
-                async for item in remote.stream(request(i)):
-                    yield len(remote.result(item).token_ids)
+                async for item in stage.stream("remote", request(i)):
+                    yield len(item.token_ids)
 
             await _streams(direct, 2)  # warm up both paths
             await _streams(through_remote, 2)
