@@ -15,10 +15,11 @@ context-variable read per stage call.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import anyio
@@ -161,18 +162,29 @@ async def traced_call(
     """Await ``call`` (a binding's invoke) inside a span of its own."""
     trace, parent = ctx
     span = trace.open(name, parent, description)
+    with _inside(trace, span):
+        result = await call
+    trace.close(span, "ok")
+    return result
+
+
+@contextlib.contextmanager
+def _inside(trace: Trace, span: Span) -> Iterator[None]:
+    """Run a step of ``span``: calls made meanwhile are its children; an exception ends
+    it with the matching outcome."""
     token = _active.set((trace, span.id))
     span_token = _span.set(span)
     try:
-        result = await call
+        yield
+    except StopAsyncIteration:
+        trace.close(span, "ok")
+        raise
     except BaseException as exc:
         trace.close(span, *outcome_of(exc))
         raise
     finally:
         _span.reset(span_token)
         _active.reset(token)
-    trace.close(span, "ok")
-    return result
 
 
 class traced_stream:
@@ -199,19 +211,8 @@ class traced_stream:
             span = self._span = trace.open(self._name, parent, self._description, True)
         if span.end:
             raise StopAsyncIteration
-        token = _active.set((trace, span.id))
-        span_token = _span.set(span)
-        try:
+        with _inside(trace, span):
             item = await self._it.__anext__()
-        except StopAsyncIteration:
-            trace.close(span, "ok")
-            raise
-        except BaseException as exc:
-            trace.close(span, *outcome_of(exc))
-            raise
-        finally:
-            _span.reset(span_token)
-            _active.reset(token)
         span.items += 1
         return item
 
