@@ -491,7 +491,10 @@ class Frontend:
             trace.status = request.status
             self.traces.add(trace)
             if self.export is not None:
-                self.export(trace)
+                try:
+                    self.export(trace)
+                except Exception:  # telemetry never fails a request
+                    log.exception("could not export the trace of request %s", request.id)
             self.metrics.request(entry.name, request.status, elapsed)
             access.info(
                 "%s %s %s %d %.1fms",
