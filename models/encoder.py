@@ -152,12 +152,10 @@ class VisionEncoder(bls.Worker):
 
 
 def _pretrained_vision(path: str) -> Any:
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     model = AutoModel.from_pretrained(path, local_files_only=True).eval()
     vision = getattr(model, "vision_model", model)  # CLIP: its vision tower
-    del config
 
     def run(pixels: Any) -> Any:
         return vision(pixel_values=pixels).last_hidden_state

@@ -129,3 +129,22 @@ def test_multimodal_prompt_expands_the_image_placeholder_qwen2_vl_style() -> Non
     assert tuple(req.multimodal.embeddings.shape) == (64, 128)
     front = multimodal_prompt(emb, [10, 11], image_token_id=7, grid=(4, 4))
     assert front.token_ids == [7, 7, 7, 7, 10, 11]
+
+
+async def test_vision_encoder_loads_real_weights_from_a_local_directory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=128,
+    )
+    ViTModel(config).save_pretrained(tmp_path)
+    encoder = VisionEncoder(VisionOptions(image_size=32, weights=str(tmp_path)))
+    async with bls.Runtime({"encoder": encoder}):
+        emb = await stage("encoder", EncodeRequest(image=png((90, 90, 200))))
+    assert tuple(emb.patches.shape) == (17, 64)  # the CLS token and 4x4 patches
+    assert tuple(emb.pooled.shape) == (64,)
