@@ -152,9 +152,9 @@ class _Request:
         "streamed",
     )
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, scope: _Scope) -> None:
         self.id = request_id
-        self.scope = anyio.CancelScope()  # the request's deadline, disconnect and drain
+        self.scope = scope  # the request's deadline, disconnect and drain
         self.disconnected = False
         self.shutdown = False
         self.finishing = False  # the last body message is being sent
@@ -162,6 +162,74 @@ class _Request:
         self.streamed = False
         # How an error is framed once a stream has started (SSE by default).
         self.error_frame: Callable[[HttpError], bytes] = _sse_error
+
+
+class _Scope:
+    """The request's cancel scope on trio: anyio's (trio's own, underneath)."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self) -> None:
+        self._scope = anyio.CancelScope()
+
+    def expire_after(self, seconds: float) -> None:
+        """Set the deadline (before entering)."""
+        self._scope.deadline = anyio.current_time() + seconds
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+    @property
+    def cancelled_caught(self) -> bool:
+        return self._scope.cancelled_caught
+
+    async def __aenter__(self) -> None:
+        self._scope.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return bool(self._scope.__exit__(*exc))
+
+
+class _AsyncioScope(_Scope):
+    """The same on asyncio, with ``asyncio.timeout``: an anyio scope around a server's
+    task costs more there than all the rest of a small request (it is not a task anyio
+    started). Scripts inside still use anyio; a native cancel reaches them like any."""
+
+    __slots__ = ("_cancel_early", "_caught", "_timeout", "_when")
+
+    def __init__(self) -> None:
+        self._when: float | None = None
+        self._timeout: asyncio.Timeout | None = None
+        self._caught = False
+        self._cancel_early = False
+
+    def expire_after(self, seconds: float) -> None:
+        self._when = asyncio.get_running_loop().time() + seconds
+
+    def cancel(self) -> None:
+        if self._timeout is None:
+            self._cancel_early = True
+        elif not self._timeout.expired():
+            self._timeout.reschedule(-1.0)  # expire now
+
+    @property
+    def cancelled_caught(self) -> bool:
+        return self._caught
+
+    async def __aenter__(self) -> None:
+        self._timeout = asyncio.timeout_at(self._when)
+        await self._timeout.__aenter__()
+        if self._cancel_early:
+            self.cancel()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        assert self._timeout is not None
+        try:
+            await self._timeout.__aexit__(*exc)
+        except TimeoutError:
+            self._caught = True
+            return True
+        return False
 
 
 class _Disconnected(Exception):
@@ -195,7 +263,7 @@ def _watch_disconnect(receive: Receive, request: _Request) -> Callable[[], objec
     watcher needs none of a task group's guarantees (it never raises, and is always
     stopped before the request's handler returns).
     """
-    if sniffio.current_async_library() == "asyncio":
+    if isinstance(request.scope, _AsyncioScope):
         loop = asyncio.get_running_loop()
         started: list[asyncio.Task[None]] = []
         timer = loop.call_later(
@@ -254,7 +322,7 @@ class Frontend:
         self.runtime = runtime
         self.title = title
         self.limits = limits or Limits()
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: self.inflight)
         self.metrics.watch_caches(runtime.bindings)
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
@@ -264,6 +332,7 @@ class Frontend:
         self._idle: anyio.Event | None = None
         self.chat_entry = next((e for e in entries.values() if e.openai == "chat"), None)
         self._openapi: bytes | None = None
+        self._asyncio: bool | None = None  # the event loop, known at the first request
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self._health,
             ("GET", "/ready"): self._ready,
@@ -417,11 +486,14 @@ class Frontend:
     ) -> None:
         """Admission, body, deadline, trace, disconnect watch, error answer, bookkeeping."""
         started = time.perf_counter()
-        request = _Request(self._request_id(scope).decode())
+        asyncio_loop = self._asyncio
+        if asyncio_loop is None:
+            asyncio_loop = self._asyncio = sniffio.current_async_library() == "asyncio"
+        request_scope = _AsyncioScope() if asyncio_loop else _Scope()
+        request = _Request(self._request_id(scope).decode(), request_scope)
         trace = Trace(request.id, entry.name, self.metrics.span)
         root = trace.open(entry.name, 0, "script", entry.streaming)
         self.inflight += 1
-        self.metrics.inflight.inc()
         self._requests.add(request)
         try:
             if self.draining:
@@ -438,17 +510,17 @@ class Frontend:
                 req = entry.decode(body)
             except InvalidRequest as exc:
                 raise _invalid(exc) from None
-            timeout = self._timeout(scope)
             # One cancel scope for the deadline, a disconnect and the end of a drain; the
             # deadline also travels with every remote call.
+            timeout = self._timeout(scope)
             deadline = None
             if timeout is not None:
-                request.scope.deadline = anyio.current_time() + timeout
+                request.scope.expire_after(timeout)
                 deadline = deadline_at(time.time() + timeout)
             token = activate(trace, root.id)
             stop_watching = _watch_disconnect(receive, request)
             try:
-                with request.scope:
+                async with request.scope:
                     await run(scope, _tracking(send, request), entry, req, request)
             finally:
                 stop_watching()
@@ -458,7 +530,7 @@ class Frontend:
                 raise _Disconnected
             if request.scope.cancelled_caught:
                 if request.shutdown:
-                    self.metrics.cancellations.labels("shutdown").inc()
+                    self.metrics.cancelled("shutdown")
                     raise HttpError(
                         503, "draining", "the server shut down before the request ended"
                     )
@@ -471,13 +543,13 @@ class Frontend:
             request.disconnected = True
             request.status = request.status or 499
             trace.close(root, "cancelled", "disconnect")
-            self.metrics.cancellations.labels("disconnect").inc()
+            self.metrics.cancelled("disconnect")
         except BaseException as exc:
             error = error_for(exc)
             if error.status == 500 and not isinstance(exc, HttpError):
                 log.error("request %s to %r failed", request.id, entry.name, exc_info=exc)
             if error.status == 504:
-                self.metrics.cancellations.labels("deadline").inc()
+                self.metrics.cancelled("deadline")
             if not root.end:
                 trace.close(root, *outcome_of(exc))
             await self._answer_error(send, request, error)
@@ -486,7 +558,6 @@ class Frontend:
         finally:
             self._requests.discard(request)
             self.inflight -= 1
-            self.metrics.inflight.dec()
             elapsed = time.perf_counter() - started
             trace.status = request.status
             self.traces.add(trace)

@@ -1,15 +1,21 @@
 """Prometheus metrics for ``bls serve`` (``GET /metrics``), through ``prometheus-client``.
 
-Each :class:`Metrics` has its own registry, so several frontends in one process (tests)
-never share counters.
+The frontend runs on one event loop, so the counts are plain integers and lists updated
+without locks on the request path (prometheus-client's own metric objects take a lock on
+every update, which cost more than the rest of a small request's bookkeeping); a
+collector turns them into Prometheus families when ``/metrics`` is scraped. Each
+:class:`Metrics` has its own registry, so several frontends in one process never share
+counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import bisect
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .tracing import Span
@@ -18,107 +24,167 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# Request latency spans sub-millisecond no-op scripts to minutes-long generations.
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Latencies span sub-millisecond no-op scripts to minutes-long generations.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _Histogram:
+    """Bucket counts, sum and count of one labelled series."""
+
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(BUCKETS) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(BUCKETS, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def family_samples(self) -> tuple[list[tuple[str, float]], float]:
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip((*BUCKETS, float("inf")), self.buckets, strict=True):
+            running += n
+            cumulative.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+        return cumulative, self.sum
 
 
 class Metrics:
-    """Request, stage and cancellation counters and latencies."""
+    """Request, stage and cancellation counts and latencies of one frontend."""
 
-    def __init__(self) -> None:
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
-        self.registry = registry = CollectorRegistry()
-        self.requests = Counter(
-            "bls_requests",
-            "HTTP requests to script entries, by entry and status code",
-            ["entry", "status"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            "bls_request_duration_seconds",
-            "Time from request to the last byte of the response, by entry",
-            ["entry"],
-            buckets=_BUCKETS,
-            registry=registry,
-        )
-        self.inflight = Gauge(
-            "bls_requests_in_flight", "Requests accepted and not yet answered", registry=registry
-        )
-        self.stage_calls = Counter(
-            "bls_stage_calls", "Stage calls made by scripts, by stage", ["stage"], registry=registry
-        )
-        self.stage_errors = Counter(
-            "bls_stage_errors",
-            "Stage calls that failed, by stage and error kind",
-            ["stage", "kind"],
-            registry=registry,
-        )
-        self.stage_latency = Histogram(
-            "bls_stage_duration_seconds",
-            "Stage call duration (a stream: first request to last item), by stage",
-            ["stage"],
-            buckets=_BUCKETS,
-            registry=registry,
-        )
-        self.cancellations = Counter(
-            "bls_cancellations",
-            "Requests cancelled before they finished, by reason (disconnect, deadline, shutdown)",
-            ["reason"],
-            registry=registry,
-        )
-
-    def watch_caches(self, bindings: Mapping[str, Any]) -> None:
-        """Export the hits, misses, evictions and size of the stages' result caches."""
-        self.registry.register(_CacheCollector(bindings))
+    def __init__(self, inflight: Callable[[], int] = lambda: 0) -> None:
+        self.requests: dict[tuple[str, str], int] = {}
+        self.latency: dict[str, _Histogram] = {}
+        self.stage_calls: dict[str, int] = {}
+        self.stage_errors: dict[tuple[str, str], int] = {}
+        self.stage_latency: dict[str, _Histogram] = {}
+        self.cancellations: dict[str, int] = {}
+        self._inflight = inflight
+        self._bindings: Mapping[str, Any] = {}
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
 
     def request(self, entry: str, status: int, seconds: float) -> None:
-        key = (entry, status)
-        children = self._children.get(key)
-        if children is None:  # label lookups cost more than the updates: keep them
-            children = (self.requests.labels(entry, str(status)), self.latency.labels(entry))
-            self._children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        key = (entry, str(status))
+        self.requests[key] = self.requests.get(key, 0) + 1
+        hist = self.latency.get(entry)
+        if hist is None:
+            hist = self.latency[entry] = _Histogram()
+        hist.observe(seconds)
+
+    def cancelled(self, reason: str) -> None:
+        """A request cancelled before it finished: ``disconnect``, ``deadline``, ``shutdown``."""
+        self.cancellations[reason] = self.cancellations.get(reason, 0) + 1
 
     def span(self, span: Span) -> None:
         """Count a finished stage span (the request's root span is not a stage call)."""
         if span.parent == 0 or span.remote:
             return
-        self.stage_calls.labels(span.name).inc()
-        self.stage_latency.labels(span.name).observe(span.end - span.start)
+        name = span.name
+        self.stage_calls[name] = self.stage_calls.get(name, 0) + 1
+        hist = self.stage_latency.get(name)
+        if hist is None:
+            hist = self.stage_latency[name] = _Histogram()
+        hist.observe(span.end - span.start)
         if span.outcome != "ok":
-            self.stage_errors.labels(span.name, span.kind or span.outcome).inc()
+            key = (name, span.kind or span.outcome)
+            self.stage_errors[key] = self.stage_errors.get(key, 0) + 1
+
+    def watch_caches(self, bindings: Mapping[str, Any]) -> None:
+        """Also export the hits, misses, evictions and size of the stages' result caches."""
+        self._bindings = bindings
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    # -- the collector prometheus-client calls at scrape time ------------------------------
 
-class _CacheCollector:
-    """Reads the cache counters at scrape time (the cache keeps them as plain ints)."""
-
-    def __init__(self, bindings: Mapping[str, Any]) -> None:
-        self.bindings = bindings
+    def describe(self) -> list[Any]:
+        return []  # families are only known at scrape time
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from .cache import CachedBinding
-
-        hits = CounterMetricFamily("bls_cache_hits", "Cache hits, by stage", labels=["stage"])
-        misses = CounterMetricFamily(
-            "bls_cache_misses", "Cache misses (worker calls), by stage", labels=["stage"]
+        requests = CounterMetricFamily(
+            "bls_requests",
+            "HTTP requests to script entries, by entry and status code",
+            labels=["entry", "status"],
         )
-        evictions = CounterMetricFamily(
-            "bls_cache_evictions", "Entries evicted to stay under capacity", labels=["stage"]
+        for labels, n in self.requests.items():
+            requests.add_metric(list(labels), n)
+        yield requests
+        yield _histograms(
+            "bls_request_duration_seconds",
+            "Time from request to the last byte of the response, by entry",
+            "entry",
+            self.latency,
         )
-        size = GaugeMetricFamily("bls_cache_bytes", "Bytes held by the cache", labels=["stage"])
-        entries = GaugeMetricFamily("bls_cache_entries", "Entries in the cache", labels=["stage"])
-        for name, binding in self.bindings.items():
-            if isinstance(binding, CachedBinding):
-                stats = binding.stats
-                hits.add_metric([name], stats.hits)
-                misses.add_metric([name], stats.misses)
-                evictions.add_metric([name], stats.evictions)
-                size.add_metric([name], stats.bytes)
-                entries.add_metric([name], stats.entries)
-        yield from (hits, misses, evictions, size, entries)
+        yield GaugeMetricFamily(
+            "bls_requests_in_flight",
+            "Requests accepted and not yet answered",
+            value=self._inflight(),
+        )
+        yield _counter(
+            "bls_stage_calls",
+            "Stage calls made by scripts, by stage",
+            ["stage"],
+            {(k,): v for k, v in self.stage_calls.items()},
+        )
+        yield _counter(
+            "bls_stage_errors",
+            "Stage calls that failed, by stage and error kind",
+            ["stage", "kind"],
+            self.stage_errors,
+        )
+        yield _histograms(
+            "bls_stage_duration_seconds",
+            "Stage call duration (a stream: first request to last item), by stage",
+            "stage",
+            self.stage_latency,
+        )
+        yield _counter(
+            "bls_cancellations",
+            "Requests cancelled before they finished, by reason (disconnect, deadline, shutdown)",
+            ["reason"],
+            {(k,): v for k, v in self.cancellations.items()},
+        )
+        yield from _caches(self._bindings)
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], counts: Mapping[Any, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, n in counts.items():
+        family.add_metric(list(values), n)
+    return family
+
+
+def _histograms(
+    name: str, doc: str, label: str, series: Mapping[str, _Histogram]
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for value, hist in series.items():
+        buckets, total = hist.family_samples()
+        family.add_metric([value], buckets, total)
+    return family
+
+
+def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
+    from .cache import CachedBinding
+
+    cached = {n: b.stats for n, b in bindings.items() if isinstance(b, CachedBinding)}
+    if not cached:
+        return
+    for field, kind, doc in (
+        ("hits", CounterMetricFamily, "Cache hits, by stage"),
+        ("misses", CounterMetricFamily, "Cache misses (worker calls), by stage"),
+        ("evictions", CounterMetricFamily, "Entries evicted to stay under capacity"),
+        ("bytes", GaugeMetricFamily, "Bytes held by the cache"),
+        ("entries", GaugeMetricFamily, "Entries in the cache"),
+    ):
+        family = kind(f"bls_cache_{field}", doc, labels=["stage"])
+        for name, stats in cached.items():
+            family.add_metric([name], getattr(stats, field))
+        yield family
