@@ -452,3 +452,41 @@ def test_worker_help_and_bad_target() -> None:
     assert out.returncode == 1 and out.stderr.startswith("error: cannot load 'nope.py:x'")
     out = run_bls("worker", f"{STAGES}:whoami", "--listen", "bogus://x")
     assert out.returncode == 1 and "cannot listen on bogus://x" in out.stderr
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_batched_worker_batches_remote_calls(backend: str) -> None:
+    with worker(f"{STAGES}:sized") as proc:
+
+        async def main() -> list[Served]:
+            results: list[Served] = []
+            async with bls.Runtime({"sized": proc.address}):
+
+                async def one() -> None:
+                    results.append(await stage("sized", Mark()))
+
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(one)
+            return results
+
+        results = anyio.run(main, backend=backend)
+    assert len(results) == 8
+    assert all(r.pid == proc.pid for r in results)
+    assert max(int(r.text) for r in results) > 1  # calls shared forward passes
+
+
+def test_a_bad_worker_option_is_named_before_anything_starts() -> None:
+    done = run_bls(
+        "worker",
+        "bls.models.vllm:VllmWorker",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--option",
+        "max_model_len=lots",
+        "--option",
+        "bogus=1",
+    )
+    assert done.returncode == 1
+    assert "max_model_len" in done.stderr or "bogus" in done.stderr
+    assert "VllmOptions" in done.stderr or "VllmWorker" in done.stderr

@@ -76,3 +76,9 @@ async def boom(req: Mark) -> Served:
 async def nested(req: Mark) -> Served:
     """A script served as a stage: its own stage call inherits deadline and cancel."""
     return await bls.stage("slow", req)
+
+
+@bls.batch(max_batch_size=8, max_delay_ms=200)
+async def sized(reqs: list[Mark]) -> list[Served]:
+    """A batched stage that tells each caller how big its batch was."""
+    return [Served(pid=os.getpid(), text=str(len(reqs))) for _ in reqs]
