@@ -16,24 +16,16 @@ import asyncio
 import json
 import multiprocessing
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from _procs import spawn
+
 HERE = Path(__file__).resolve().parent
 BLS = str(Path(sys.executable).with_name("bls"))
 APP = str(HERE / "serving" / "app.py")  # not beside http.py, which would shadow the stdlib
-
-
-def spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("ready "):
-            return proc, line.split()[1]
-    raise RuntimeError(f"{args} did not start")
 
 
 # -- the load generator (a process of its own) -------------------------------------------

@@ -21,7 +21,6 @@ import io
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -29,10 +28,12 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-# bench/http.py is a sibling: drop this folder from the path so `http` is the stdlib's.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# bench/http.py is a sibling: this folder goes last on the path so `http` is the stdlib's.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] + [_HERE]
 
 import anyio  # noqa: E402
+from _procs import spawn  # noqa: E402
 
 import bls  # noqa: E402
 from bls import stage  # noqa: E402
@@ -50,15 +51,6 @@ from bls.models.vllm import (  # noqa: E402
 
 BLS = str(Path(sys.executable).with_name("bls"))
 ENGINE = {"max_model_len": 256, "enforce_eager": True, "dtype": "float32"}
-
-
-def spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("ready "):
-            return proc, line.split()[1]
-    raise RuntimeError(f"{args} did not start")
 
 
 # -- vLLM ------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from bls import stage
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from _procs import spawn  # noqa: E402
 from _stages import Blob, Count, Probe, Tensor  # noqa: E402
 
 BLS = str(Path(sys.executable).with_name("bls"))
@@ -59,15 +60,6 @@ def raw_server(address: str) -> None:
             sock.send_multipart([ident, b""])
         else:
             sock.send_multipart([ident, *body], copy=False)
-
-
-def spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("ready "):
-            return proc, line.split()[1]
-    raise RuntimeError(f"{args} did not start")
 
 
 class Raw:
