@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import statistics
 import sys
@@ -143,26 +142,16 @@ def main() -> None:
             "| floor p50 / p99 ms | bls p50 / p99 ms |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- |")
-        results = []
         for entry in ("noop", "remote"):
             for c in levels:
                 path = f"/v1/scripts/{entry}"
                 f_rps, f50, f99 = measure(floor_url, path, c, seconds)
                 b_rps, b50, b99 = measure(bls_url, path, c, seconds)
-                results.append(
-                    {
-                        "entry": entry,
-                        "concurrency": c,
-                        "floor": [f_rps, f50, f99],
-                        "bls": [b_rps, b50, b99],
-                    }
-                )
                 print(
                     f"| {entry} | {c} | {f_rps:,.0f} | {b_rps:,.0f} | {b_rps / f_rps:.2f}x | "
                     f"{f50:.3f} / {f99:.3f} | {b50:.3f} / {b99:.3f} |",
                     flush=True,
                 )
-        (HERE / ".last-http.json").write_text(json.dumps(results))
     finally:
         for proc in procs:
             proc.terminate()
