@@ -195,21 +195,24 @@ class _AsyncioScope(_Scope):
     task costs more there than all the rest of a small request (it is not a task anyio
     started). Scripts inside still use anyio; a native cancel reaches them like any."""
 
-    __slots__ = ("_cancel_early", "_caught", "_timeout", "_when")
+    __slots__ = ("_cancel_early", "_caught", "_exited", "_timeout", "_when")
 
     def __init__(self) -> None:
         self._when: float | None = None
         self._timeout: asyncio.Timeout | None = None
         self._caught = False
         self._cancel_early = False
+        self._exited = False
 
     def expire_after(self, seconds: float) -> None:
         self._when = asyncio.get_running_loop().time() + seconds
 
     def cancel(self) -> None:
+        """Cancel the request now; before it starts, as it starts; after it ends, never
+        (a drain may reach a request that is still sending its answer)."""
         if self._timeout is None:
             self._cancel_early = True
-        elif not self._timeout.expired():
+        elif not self._exited and not self._timeout.expired():
             self._timeout.reschedule(-1.0)  # expire now
 
     @property
@@ -224,6 +227,7 @@ class _AsyncioScope(_Scope):
 
     async def __aexit__(self, *exc: Any) -> bool:
         assert self._timeout is not None
+        self._exited = True
         try:
             await self._timeout.__aexit__(*exc)
         except TimeoutError:
