@@ -141,6 +141,7 @@ class VllmWorker(bls.Worker):
 
     async def __call__(self, req: GenerateRequest) -> AsyncIterator[GenerateItem]:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         if self.engine is None:
             raise RuntimeError("the vLLM engine is not started (setup() has not run)")
@@ -152,20 +153,17 @@ class VllmWorker(bls.Worker):
             seed=req.seed,
             stop=req.stop or None,
             ignore_eos=req.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,  # only what is new since the last output
         )
         request_id = f"bls-{os.getpid()}-{next(_ids)}"
-        sent_text, sent_tokens = 0, 0
         finished = False
         try:
             async for out in self.engine.generate(prompt, params, request_id):
                 completion = out.outputs[0]
-                text = completion.text[sent_text:]
-                tokens = list(completion.token_ids[sent_tokens:])
-                sent_text, sent_tokens = len(completion.text), len(completion.token_ids)
                 finished = out.finished
                 yield GenerateItem(
-                    text=text,
-                    token_ids=tokens,
+                    text=completion.text,
+                    token_ids=list(completion.token_ids),
                     finish_reason=completion.finish_reason if finished else None,
                 )
         finally:
