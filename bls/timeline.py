@@ -48,6 +48,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
 
 
+def _calls(trace: Trace) -> int:
+    """Stage calls made by the request's own process (not the request, not worker spans)."""
+    return sum(1 for s in trace.spans if s.parent != 0 and not s.remote)
+
+
 def _ordered(spans: list[Span]) -> list[tuple[Span, int]]:
     """Spans depth-first (children under their parent, siblings by start), with depth."""
     children: dict[int, list[Span]] = {}
@@ -74,7 +79,7 @@ def summary(trace: Trace, *, spans: bool = False) -> dict[str, Any]:
         "status": trace.status,
         "start": trace.start,
         "duration": trace.duration,
-        "stage_calls": sum(1 for s in trace.spans if s.parent != 0),
+        "stage_calls": _calls(trace),
     }
     if spans:
         data["spans"] = msgspec.to_builtins(trace.spans)
@@ -93,7 +98,7 @@ def index_page(traces: list[Trace], title: str) -> str:
     rows = []
     for trace in traces:
         when = time.strftime("%H:%M:%S", time.localtime(trace.start))
-        calls = sum(1 for s in trace.spans if s.parent != 0)
+        calls = _calls(trace)
         rows.append(
             f"<tr><td><a href='/debug/requests/{html.escape(trace.id)}'>"
             f"{html.escape(trace.id)}</a></td><td>{html.escape(trace.entry)}</td>"
@@ -164,7 +169,7 @@ def trace_page(trace: Trace) -> str:
     body = (
         f"<h1>{html.escape(trace.entry)} · request {html.escape(trace.id)}</h1>"
         f"<div class='meta'>status {trace.status} · {_ms(trace.duration)} · "
-        f"{len(trace.spans) - 1} stage call(s) · <a href='/debug/requests'>all requests</a></div>"
+        f"{_calls(trace)} stage call(s) · <a href='/debug/requests'>all requests</a></div>"
         f"<div class='legend meta'>{legend}</div>"
         f"<div class='gantt'><div class='axis'>{ticks}</div>{''.join(rows)}</div>"
     )

@@ -222,7 +222,12 @@ class traced_stream:
             self._ctx[0].close(span, "cancelled", "closed early")
         close = getattr(self._it, "aclose", None)
         if close is not None:
-            await close()
+            token = _active.set((self._ctx[0], span.id)) if span is not None else None
+            try:
+                await close()  # a remote stream's cancel is filed under this span
+            finally:
+                if token is not None:
+                    _active.reset(token)
 
 
 _spans_encoder = msgspec.msgpack.Encoder()

@@ -44,6 +44,7 @@ log = logging.getLogger("bls.transport")
 # the call at its deadline).
 DROP_CANCEL_FOR_TESTS = False
 
+_CANCELLED_TRACES_MAX = 1024  # acknowledgements a lost worker never sends are forgotten
 WINDOW = 128  # stream items a worker may send ahead of the consumer (the memory bound)
 
 # Pseudo-kinds delivered to waiting calls when their connection is lost.
@@ -101,6 +102,8 @@ class Connection:
         self.acked = 0
         self.last_heard = 0.0
         self.late = 0  # frames for calls already finished (e.g. cancel acknowledgements)
+        # Cancelled traced calls: call id -> (trace, span) their worker's spans belong to.
+        self._cancelled_traces: dict[int, tuple[Any, int]] = {}
         self._next_id = 0
         self._connected = False
         self._sock: AsyncSocket | None = None
@@ -223,6 +226,12 @@ class Connection:
             call.done = True
             if self.alive and not DROP_CANCEL_FOR_TESTS:
                 self._send(Kind.CANCEL, call.id)
+                ctx = active()
+                if ctx is not None:
+                    # The worker's acknowledgement carries its spans: keep where they go.
+                    self._cancelled_traces[call.id] = ctx
+                    if len(self._cancelled_traces) > _CANCELLED_TRACES_MAX:
+                        del self._cancelled_traces[next(iter(self._cancelled_traces))]
 
     def grant(self, call: _Call, count: int) -> None:
         if self.alive:
@@ -244,6 +253,9 @@ class Connection:
             call = self.calls.get(header.call)
             if call is None or call.done:
                 self.late += 1
+                ctx = self._cancelled_traces.pop(header.call, None)
+                if ctx is not None and header.spans:
+                    ctx[0].adopt(decode_spans(header.spans), ctx[1])
                 return
             if kind != Kind.DATA:
                 call.done = True
@@ -505,6 +517,8 @@ class RemoteBinding(Binding):
             if conn is None:
                 raise refusal or self._unavailable()
             call = conn.start(self.name, body, deadline, credit, trace)
+            if ctx is not None:
+                note(replica=conn.address)
             try:
                 kind, rest = await call.get()
             except BaseException:
@@ -531,7 +545,7 @@ class RemoteBinding(Binding):
                 _adopt(call)
                 raise self.error(info, conn)
             if ctx is not None:
-                note(replica=conn.address, bytes_out=wire.frame_sizes(body))
+                note(bytes_out=wire.frame_sizes(body))
             return conn, call, kind, rest
 
     async def call(self, req: Any) -> Any:

@@ -534,6 +534,14 @@ def test_request_trace_has_a_span_per_stage_call_including_remote_ones(
     # Each remote call carries the worker's own span, reported back over the wire.
     remote = [s for s in spans if s["remote"]]
     assert {s["parent"] for s in remote if s["name"] == "whoami"} >= {s["id"] for s in whoami}
+
+    # The cancelled call's worker span comes back with the cancel's acknowledgement.
+    def worker_span_of_the_loser() -> list[dict[str, object]]:
+        spans = http.get(f"/debug/requests/{rid}", headers={"Accept": "application/json"})
+        return [s for s in spans.json()["spans"] if s["remote"] and s["parent"] == slow["id"]]
+
+    wait_for(lambda: bool(worker_span_of_the_loser()))
+    assert worker_span_of_the_loser()[0]["outcome"] == "cancelled"
     listing = http.get("/debug/requests", headers={"Accept": "application/json"}).json()
     assert rid in [t["id"] for t in listing]
     assert http.get("/debug/requests/nope").status_code == 404

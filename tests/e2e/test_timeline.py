@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .procs import Proc, worker
+from .procs import Proc, wait_for, worker
 from .test_serve import STAGES, serve
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -62,7 +62,16 @@ def traced(tmp_path: Path) -> Iterator[tuple[Proc, str]]:
             timeout=30,
         )
         assert r.status_code == 200, r.text
-        yield proc, r.headers["x-request-id"]
+        rid = r.headers["x-request-id"]
+
+        def spans() -> int:
+            trace = httpx.get(
+                f"{proc.address}/debug/requests/{rid}", headers={"Accept": "application/json"}
+            ).json()
+            return len(trace["spans"])
+
+        wait_for(lambda: spans() == 9)  # the cancelled call's worker span arrives last
+        yield proc, rid
 
 
 def test_timeline_page_draws_every_span(traced: tuple[Proc, str], tmp_path: Path) -> None:
@@ -71,9 +80,8 @@ def test_timeline_page_draws_every_span(traced: tuple[Proc, str], tmp_path: Path
     dom = chromium(tmp_path, "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
-    # The request, its 4 calls, and the spans of the 3 calls that finished in a worker
-    # (the cancelled call's worker span is not reported: its caller stopped listening).
-    assert html.count('class="row span"') == 8
+    # The request, its 4 calls, and the worker-side span of each of them.
+    assert html.count('class="row span"') == 9
     assert html.count('data-name="whoami"') == 6
     assert 'data-name="slow" data-outcome="cancelled" data-depth="1"' in html
     assert 'data-outcome="ok" data-depth="2" data-remote="true"' in html
