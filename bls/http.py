@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
-import anyio.abc
 import msgspec
 import sniffio
 
@@ -673,16 +672,18 @@ class Frontend:
     ) -> None:
         """Send items as they come. Headers wait for the first item, so an error before
         it still gets its own status code."""
-        async for item in items:
-            if not request.streamed:
-                await _start(send, 200, request.id.encode(), content_type, stream=True)
-                request.streamed = True
-                request.status = 200
-            await send({"type": "http.response.body", "body": frame(item), "more_body": True})
-        if not request.streamed:
+
+        async def begin() -> None:
             await _start(send, 200, request.id.encode(), content_type, stream=True)
             request.streamed = True
             request.status = 200
+
+        async for item in items:
+            if not request.streamed:
+                await begin()
+            await send({"type": "http.response.body", "body": frame(item), "more_body": True})
+        if not request.streamed:  # an empty stream: headers, then the end
+            await begin()
 
     async def _run_chat(
         self,

@@ -100,6 +100,7 @@ async def _hypercorn(
 ) -> None:
     import sniffio
     from hypercorn.config import Config, Sockets
+    from hypercorn.utils import wrap_app
 
     config = Config()
     config.accesslog = None
@@ -108,11 +109,10 @@ async def _hypercorn(
     config.keep_alive_timeout = 30
     config.keep_alive_max_requests = 1 << 62  # as Uvicorn: no cap on a connection's requests
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    app = wrap_app(frontend, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     if sniffio.current_async_library() == "trio":
         from hypercorn.trio.run import worker_serve as trio_serve
-        from hypercorn.utils import wrap_app
 
-        app = wrap_app(frontend, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
         # anyio's task status has the .started() that trio's start protocol calls.
         status: Any = task_status
         await trio_serve(
@@ -120,9 +120,7 @@ async def _hypercorn(
         )
     else:
         from hypercorn.asyncio.run import worker_serve as asyncio_serve
-        from hypercorn.utils import wrap_app
 
-        app = wrap_app(frontend, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
         async with anyio.create_task_group() as tg:
             tg.start_soon(
                 lambda: asyncio_serve(app, config, sockets=sockets, shutdown_trigger=stop.wait)

