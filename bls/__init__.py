@@ -19,7 +19,7 @@ from .timeouts import timeout
 from .worker import Worker
 
 try:
-    __version__ = version("bls")
+    __version__ = version("bls-pipelines")
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .bindings import Binding, load_module
-from .check import StageUse, find_stage_uses
-from .config import Config, ConfigError, load_config, make_bindings
+from .check import StageUse, find_stage_uses, names_stages_dynamically
+from .config import Config, ConfigError, check_names, load_config, make_bindings
 from .entry import Script, entries
 from .runtime import Runtime
 
@@ -41,11 +41,15 @@ class App:
         self.config: Config = load_config(path, config_file, binds, options)
         self.bindings: dict[str, Binding] = make_bindings(self.config)
         self.uses: list[StageUse] = find_stage_uses(path)
+        sources = [path]
         for binding in self.bindings.values():
             # A script bound as a stage: the names it uses must be bound here too.
             source = getattr(binding, "script_file", None)
             if source and Path(source).resolve() != path.resolve():
                 self.uses.extend(find_stage_uses(source))
+                sources.append(Path(source))
+        if not any(names_stages_dynamically(s) for s in sources):
+            check_names(self.config, (u.name for u in self.uses), path)
 
     def entry(self, name: str | None) -> Script:
         """The entry called ``name``, or the only one when ``name`` is None."""

@@ -1,31 +1,53 @@
 """The OpenAI-compatible chat endpoint: request, response and stream-chunk shapes.
 
 A script declared with ``@bls.script(openai="chat")`` takes a :class:`ChatRequest` (or a
-subclass) and returns a string, or yields strings (text deltas); ``bls serve`` answers
-``POST /v1/chat/completions`` with it in the shapes the OpenAI clients expect.
+subclass) and returns or yields its answer. Each item may be a string (a text delta) or
+a message with ``text`` and, when the engine knows them, ``token_ids`` (the delta's
+tokens), ``prompt_tokens`` and ``finish_reason`` — :class:`bls.models.vllm.GenerateItem`
+is one. From those, ``bls serve`` answers ``POST /v1/chat/completions`` as OpenAI does:
+``usage`` with the engine's token counts, ``finish_reason`` ``"length"`` or ``"stop"``,
+and, when ``stream_options.include_usage`` is set, a last chunk carrying ``usage``.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
+from .errors import InvalidRequest
 from .messages import Message
 
-__all__ = ["ChatMessage", "ChatRequest", "chunk", "completion", "text_of"]
+__all__ = ["ChatMessage", "ChatRequest", "Tally", "conversation", "unsupported"]
 
 
-class ChatMessage(Message):
+class ChatMessage(Message, forbid_unknown_fields=False):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    def text(self) -> str:
+        """The message's text: the string, or its text parts joined.
 
-class ChatRequest(Message):
-    """The body of ``POST /v1/chat/completions`` (the fields a script usually needs)."""
+        Raises ``ValueError`` naming the part for a part that is not text (images and
+        audio are for scripts that read ``content`` themselves)."""
+        content = self.content
+        if content is None or isinstance(content, str):
+            return content or ""
+        texts = []
+        for i, part in enumerate(content):
+            kind = part.get("type")
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"content[{i}]: unsupported content part type {kind!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class ChatRequest(Message, forbid_unknown_fields=False):
+    """The body of ``POST /v1/chat/completions``: the fields a script usually needs.
+    Other fields OpenAI clients send are accepted and ignored."""
 
     model: str
     messages: list[ChatMessage]
@@ -36,28 +58,104 @@ class ChatRequest(Message):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
     n: int = 1
     user: str | None = None
     stream_options: dict[str, Any] | None = None
 
 
-class _Delta(msgspec.Struct, omit_defaults=True):
-    role: str | None = None
-    content: str | None = None
+def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The messages as ``{"role", "content"}`` dicts of text, as chat templates take
+    them; :class:`InvalidRequest` naming the part that is not text."""
+    out = []
+    for i, message in enumerate(messages):
+        try:
+            out.append({"role": message.role, "content": message.text()})
+        except ValueError as exc:
+            where, _, why = str(exc).partition(": ")
+            raise InvalidRequest("", why, f"$.messages[{i}].{where}") from None
+    return out
 
 
-class _ChunkChoice(msgspec.Struct):
-    index: int
-    delta: _Delta
-    finish_reason: Literal["stop", "length"] | None = None
+def unsupported(req: Any) -> tuple[str, str] | None:
+    """``(message, field path)`` for what the endpoint cannot honour, else None."""
+    if getattr(req, "n", 1) != 1:
+        return f"n = {req.n} is not supported: one choice per request", "$.n"
+    try:
+        conversation(getattr(req, "messages", []))
+    except InvalidRequest as exc:
+        return exc.message, exc.path
+    return None
 
 
-class _Chunk(msgspec.Struct):
-    id: str
-    created: int
-    model: str
-    choices: list[_ChunkChoice]
-    object: str = "chat.completion.chunk"
+def completion_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Tally:
+    """What the frontend learns from a chat script's items as they pass: the text of
+    each, and the engine's token counts and finish reason where the items carry them."""
+
+    __slots__ = ("completion_tokens", "counted", "finish_reason", "prompt_tokens")
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.counted = False  # some item carried token ids
+        self.finish_reason: str | None = None
+
+    def add(self, item: Any) -> tuple[str, str | None]:
+        """The item's text and, if it ends the answer, its finish reason."""
+        if isinstance(item, str):
+            return item, None
+        if isinstance(item, dict):
+            item = _Item(item)
+        text = getattr(item, "text", None)
+        if not isinstance(text, str):
+            raise TypeError(
+                f"a chat script must produce str or items with 'text', "
+                f"got {type(item).__qualname__}"
+            )
+        tokens = getattr(item, "token_ids", None)
+        if tokens is not None:
+            self.counted = True
+            self.completion_tokens += len(tokens)
+        prompt = getattr(item, "prompt_tokens", None)
+        if prompt:
+            self.prompt_tokens = prompt
+        finish = getattr(item, "finish_reason", None)
+        if finish is not None:
+            self.finish_reason = finish
+        return text, finish
+
+    def usage(self) -> Usage | None:
+        """Token counts, when the items carried them (plain strings do not)."""
+        if not self.counted:
+            return None
+        return Usage(
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_tokens + self.completion_tokens,
+        )
+
+
+class _Item:
+    """A dict item (from an untyped remote stage) read like a message."""
+
+    __slots__ = ("finish_reason", "prompt_tokens", "text", "token_ids")
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.text = d.get("text")
+        self.token_ids = d.get("token_ids")
+        self.prompt_tokens = d.get("prompt_tokens")
+        self.finish_reason = d.get("finish_reason")
 
 
 class _Reply(msgspec.Struct):
@@ -68,57 +166,80 @@ class _Reply(msgspec.Struct):
 class _Choice(msgspec.Struct):
     index: int
     message: _Reply
-    finish_reason: str = "stop"
+    finish_reason: str
 
 
-class _Completion(msgspec.Struct):
+class _Completion(msgspec.Struct, omit_defaults=True):
     id: str
     created: int
     model: str
     choices: list[_Choice]
     object: str = "chat.completion"
+    usage: Usage | None = None
 
 
-def completion_id() -> str:
-    return "chatcmpl-" + secrets.token_hex(12)
-
-
-def text_of(item: Any) -> str:
-    """The text in what a chat script produced: a string, or a message with ``text``."""
-    if isinstance(item, str):
-        return item
-    text = getattr(item, "text", None)
-    if isinstance(text, str):
-        return text
-    if isinstance(item, dict) and isinstance(item.get("text"), str):
-        return str(item["text"])
-    raise TypeError(f"a chat script must produce str, got {type(item).__qualname__}")
-
-
-def completion(cid: str, model: str, text: str) -> bytes:
-    body = _Completion(
-        id=cid,
-        created=int(time.time()),
-        model=model,
-        choices=[_Choice(index=0, message=_Reply(role="assistant", content=text))],
-    )
+def completion(cid: str, model: str, text: str, tally: Tally) -> bytes:
+    """A non-streamed answer."""
+    choice = _Choice(0, _Reply("assistant", text), tally.finish_reason or "stop")
+    body = _Completion(cid, int(time.time()), model, [choice], usage=tally.usage())
     return msgspec.json.encode(body)
 
 
-def chunk(
-    cid: str,
-    model: str,
-    *,
-    content: str | None = None,
-    role: str | None = None,
-    finish: Literal["stop", "length"] | None = None,
-) -> bytes:
-    body = _Chunk(
-        id=cid,
-        created=int(time.time()),
-        model=model,
-        choices=[
-            _ChunkChoice(index=0, delta=_Delta(role=role, content=content), finish_reason=finish)
-        ],
-    )
-    return msgspec.json.encode(body)
+_encode = msgspec.json.encode
+
+
+class Chunks:
+    """SSE frames of one streamed answer. The frame of a text delta is two constant
+    byte strings around the encoded text: this is the per-token path."""
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, cid: str, model: str) -> None:
+        self._head = (
+            b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,'
+            b'"choices":[{"index":0,"delta":' % (cid.encode(), int(time.time()), _encode(model))
+        )
+        self._tail = b',"finish_reason":null}]}\n\n'
+
+    def role(self) -> bytes:
+        """The opening chunk: the assistant's role and empty content, as OpenAI sends."""
+        return self._head + b'{"role":"assistant","content":""}' + self._tail
+
+    def text(self, text: str, finish: str | None = None) -> bytes:
+        delta = b'{"content":' + _encode(text) + b"}"
+        if finish is None:
+            return self._head + delta + self._tail
+        return self._finish(delta, finish)
+
+    def finish(self, finish: str) -> bytes:
+        return self._finish(b"{}", finish)
+
+    def _finish(self, delta: bytes, finish: str) -> bytes:
+        return self._head + delta + b',"finish_reason":' + _encode(finish) + b"}]}\n\n"
+
+    def usage(self, usage: Usage) -> bytes:
+        """The last chunk when ``stream_options.include_usage`` is set: no choices."""
+        head = self._head[: self._head.index(b'"choices"')]
+        return head + b'"choices":[],"usage":' + _encode(usage) + b"}\n\n"
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+class _Model(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str = "bls"
+    object: str = "model"
+
+
+class _Models(msgspec.Struct):
+    data: list[_Model]
+    object: str = "list"
+
+
+def models(names: list[str]) -> bytes:
+    """The body of ``GET /v1/models``."""
+    now = int(time.time())
+    return _encode(_Models([_Model(name, now) for name in names]))

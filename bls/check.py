@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-__all__ = ["StageUse", "find_stage_uses"]
+__all__ = ["StageUse", "find_stage_uses", "names_stages_dynamically"]
 
 
 class StageUse(msgspec.Struct, frozen=True):
@@ -42,16 +42,33 @@ def _callee(node: ast.expr) -> tuple[str, bool] | None:
     return None
 
 
+def _stage_calls(path: str | Path) -> list[tuple[ast.Call, bool]]:
+    tree = ast.parse(Path(path).read_text(), filename=str(path))
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            found = _callee(node.func)
+            if found:
+                calls.append((node, found[1]))
+    return calls
+
+
+def _literal(node: ast.Call) -> str | None:
+    first = node.args[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
 def find_stage_uses(path: str | Path) -> list[StageUse]:
     """Every ``stage("x")``, ``stage.stream("x")``, ``Stage("x", ...)`` with a literal name."""
-    source = Path(path).read_text()
-    tree = ast.parse(source, filename=str(path))
     uses = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or not node.args:
-            continue
-        found = _callee(node.func)
-        first = node.args[0]
-        if found and isinstance(first, ast.Constant) and isinstance(first.value, str):
-            uses.append(StageUse(first.value, found[1], str(path), node.lineno))
+    for node, streaming in _stage_calls(path):
+        name = _literal(node)
+        if name is not None:
+            uses.append(StageUse(name, streaming, str(path), node.lineno))
     return uses
+
+
+def names_stages_dynamically(path: str | Path) -> bool:
+    """Whether the script calls a stage by a computed name (``stage(name, req)``), so
+    the names it uses cannot all be read from its source."""
+    return any(_literal(node) is None for node, _ in _stage_calls(path))

@@ -1,17 +1,22 @@
 """The ``bls`` command: ``run``, ``check``, ``worker``, ``serve``, ``keygen``.
 
 Every failure a user can cause prints one ``error: ...`` line on stderr and exits 1;
-tracebacks are for bugs (``--traceback`` shows them for script errors).
+tracebacks are for bugs (``--traceback``, on every command, or ``BLS_TRACEBACK=1`` shows
+them). Stdout carries results only: JSON lines from ``run``, ``ready`` lines from
+``serve``/``worker``; anything else written there (library progress bars, C-level prints,
+child processes) is sent to stderr by :func:`claim_stdout`.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import msgspec
@@ -28,6 +33,50 @@ BACKENDS = ("asyncio", "trio")
 
 class UsageError(Exception):
     """Bad command-line input (not a stage failure)."""
+
+
+_results: BinaryIO | None = None
+
+
+def claim_stdout() -> None:
+    """Keep the real stdout for results and point file descriptor 1 at stderr.
+
+    Libraries print progress to stdout (the tokenizer trainer, C extensions, engine
+    subprocesses that inherit the descriptor); after this, all of that lands on stderr
+    and only :func:`emit` writes to what the user pipes into ``jq``.
+    """
+    global _results
+    if _results is not None:
+        return
+    sys.stdout.flush()
+    _results = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+
+
+def emit(line: bytes | str) -> None:
+    """Write one result line to stdout (see :func:`claim_stdout`)."""
+    out = _results if _results is not None else sys.stdout.buffer
+    out.write((line.encode() if isinstance(line, str) else line) + b"\n")
+    out.flush()
+
+
+def setup_logging(level: str, *, libraries: str | None = None) -> None:
+    """Log to stderr: ``level`` for bls, ``libraries`` (default the same) for the rest."""
+    logging.basicConfig(
+        level=getattr(logging, (libraries or level).upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("bls").setLevel(getattr(logging, level.upper()))
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """What every command takes."""
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        help="show the full traceback of an error (also: BLS_TRACEBACK=1)",
+    )
 
 
 def _add_binding_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +121,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the request as JSON, or @FILE to read it from a file (default: stdin)",
     )
     run.add_argument("--timeout", type=float, metavar="S", help="deadline for the request, seconds")
-    run.add_argument("--traceback", action="store_true", help="show tracebacks of script errors")
+    run.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="bls's own messages on stderr, e.g. start-up progress (default info; "
+        "libraries log warnings and up)",
+    )
+    add_common_args(run)
     _add_binding_args(run)
     _add_backend_arg(run)
 
@@ -84,6 +140,7 @@ def _parser() -> argparse.ArgumentParser:
         "each problem and exit 1. Workers are not set up (no models load).",
     )
     check.add_argument("script", help="path to the script file")
+    add_common_args(check)
     _add_binding_args(check)
 
     for register in _EXTRA_COMMANDS:
@@ -113,14 +170,14 @@ def _read_input(spec: str | None) -> bytes:
 
 
 def _write_line(value: Any) -> None:
-    out = sys.stdout.buffer
-    out.write(msgspec.json.encode(value) + b"\n")
-    out.flush()
+    emit(msgspec.json.encode(value))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .app import App
 
+    claim_stdout()
+    setup_logging(args.log_level, libraries="warning")
     app = App(args.script, config_file=args.config, binds=args.bind)
     entry = app.entry(args.entry)
     req = entry.decode(_read_input(args.input))
@@ -156,7 +213,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 1
     names = sorted({u.name for u in app.uses} | set(app.bindings))
-    print(f"ok: {len(app.entries)} entrypoint(s), {len(names)} stage(s) bound: {', '.join(names)}")
+    emit(f"ok: {len(app.entries)} entrypoint(s), {len(names)} stage(s) bound: {', '.join(names)}")
     return 0
 
 
@@ -192,16 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except SystemExit:
+        raise
     except BaseException as exc:
         message = _describe_error(exc)
-        if message is None:
-            if isinstance(exc, SystemExit):
-                raise
-            if not getattr(args, "traceback", False) and not os.environ.get("BLS_TRACEBACK"):
-                message = f"{type(exc).__name__}: {exc} (use --traceback for details)"
-            else:
-                raise
-        print(f"error: {message}", file=sys.stderr)
+        if args.traceback or os.environ.get("BLS_TRACEBACK"):
+            traceback.print_exception(exc, file=sys.stderr)
+        elif message is None:
+            message = f"{type(exc).__name__}: {exc} (use --traceback for details)"
+        print(f"error: {message or f'{type(exc).__name__}: {exc}'}", file=sys.stderr)
         return 1
 
 

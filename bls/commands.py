@@ -9,7 +9,6 @@ import argparse
 import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +30,6 @@ def _parse_options(specs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             options[key] = raw
     return options
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 # -- bls worker ------------------------------------------------------------------------
@@ -94,6 +85,7 @@ def _add_worker(sub: Any) -> None:
     )
     p.add_argument("--max-frame-bytes", type=int, metavar="N", help="largest request accepted")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cli.add_common_args(p)
     cli._add_binding_args(p)
     cli._add_backend_arg(p)
     p.set_defaults(handler=_cmd_worker)
@@ -107,7 +99,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from .entry import Script
     from .runtime import Runtime
 
-    _logging(args.log_level)
+    cli.claim_stdout()
+    cli.setup_logging(args.log_level)
     if args.max_inflight < 1:
         raise ConfigError("--max-inflight must be at least 1")
     if args.curve_allow and not args.curve_secret:
@@ -142,6 +135,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             settings=config.transport,
             curve_secret=args.curve_secret,
             curve_allow=args.curve_allow,
+            on_ready=lambda addr: cli.emit(f"ready {addr}"),
         ),
         backend=args.backend,
     )
@@ -213,6 +207,7 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cli.add_common_args(p)
     cli._add_binding_args(p)
     cli._add_backend_arg(p)
     p.set_defaults(handler=_cmd_serve)
@@ -223,7 +218,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .http import Limits
     from .server import serve
 
-    _logging(args.log_level)
+    cli.claim_stdout()
+    cli.setup_logging(args.log_level)
     if args.no_access_log:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     for flag, value, least in (
@@ -249,7 +245,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.backend == "asyncio" and importlib.util.find_spec("uvloop") is not None:
         options["use_uvloop"] = True  # what Uvicorn itself picks when it is installed
     return anyio.run(
-        lambda: serve(app, args.host, args.port, limits, server=args.server),
+        lambda: serve(
+            app,
+            args.host,
+            args.port,
+            limits,
+            server=args.server,
+            on_ready=lambda url: cli.emit(f"ready {url}"),
+        ),
         backend=args.backend,
         backend_options=options,
     )
@@ -267,6 +270,7 @@ def _add_keygen(sub: Any) -> None:
     )
     p.add_argument("name", help="key name, e.g. worker or client")
     p.add_argument("--dir", default=".", help="where to write the files (default: .)")
+    cli.add_common_args(p)
     p.set_defaults(handler=_cmd_keygen)
 
 
@@ -274,8 +278,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     from bls.transport.keys import generate
 
     public, secret = generate(args.dir, args.name)
-    print(f"public {public}")
-    print(f"secret {secret}")
+    cli.emit(f"public {public}")
+    cli.emit(f"secret {secret}")
     return 0
 
 

@@ -7,6 +7,8 @@ them; ``--bind`` targets against the working directory.
 
 from __future__ import annotations
 
+import difflib
+import re
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,7 +18,14 @@ import msgspec
 
 from .bindings import Binding, binding_for, is_remote
 
-__all__ = ["ConfigError", "StageConfig", "load_config", "make_bindings", "parse_bind"]
+__all__ = [
+    "ConfigError",
+    "StageConfig",
+    "check_names",
+    "load_config",
+    "make_bindings",
+    "parse_bind",
+]
 
 CONFIG_NAME = "bls.toml"
 
@@ -32,8 +41,10 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     remote: list[str] | str | None = None
     options: dict[str, Any] = {}
     cache: dict[str, Any] | None = None
-    # Where relative paths in this entry are resolved from (not a TOML key).
+    # Where relative paths in this entry are resolved from, and where the entry was
+    # written, for messages (not TOML keys).
     base: str | None = None
+    source: str = ""
 
     def target(self) -> str | list[str]:
         if self.remote is not None:
@@ -77,11 +88,39 @@ def _read(path: Path) -> Config:
             config.stages[name] = msgspec.convert(table, StageConfig)
         except msgspec.ValidationError as exc:
             raise ConfigError(f"{path}: [stages.{name}]: {exc}") from None
+    base = path.parent.resolve()
     for name, stage in config.stages.items():
+        where = f"{path.resolve()}: [stages.{name}]"
         if (stage.inline is None) == (stage.remote is None):
-            raise ConfigError(f"{path}: [stages.{name}] needs exactly one of 'inline' or 'remote'")
-        stage.base = str(path.parent.resolve())
+            raise ConfigError(f"{where} needs exactly one of 'inline' or 'remote'")
+        stage.base = str(base)
+        stage.source = where
+        _check_target(where, stage)
+    # Key files, like stage targets, are relative to the file that names them.
+    transport = config.transport
+    for key in ("curve_server_key", "curve_secret"):
+        value = getattr(transport, key)
+        if value:
+            setattr(transport, key, str(base / Path(value).expanduser()))
     return config
+
+
+# host:port or an IP address with a port, as people type them without a scheme.
+_BARE_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[\w.-]+):\d+$")
+
+
+def _check_target(where: str, stage: StageConfig) -> None:
+    """Catch an address written without its scheme before it is taken for a module."""
+    targets = stage.target()
+    for target in [targets] if isinstance(targets, str) else targets:
+        if _BARE_ADDRESS.match(target) and not target.split(":")[0].endswith(".py"):
+            raise ConfigError(
+                f"{where}: {target!r} looks like an address without a scheme: write tcp://{target}"
+            )
+        if stage.remote is not None and not is_remote(target):
+            raise ConfigError(
+                f"{where}: remote address {target!r} needs a scheme: tcp://, ipc:// or inproc://"
+            )
 
 
 def parse_bind(spec: str) -> tuple[str, StageConfig]:
@@ -91,9 +130,14 @@ def parse_bind(spec: str) -> tuple[str, StageConfig]:
     if not sep or not name or not target:
         raise ConfigError(f"--bind {spec!r}: expected NAME=TARGET (e.g. judge=stages.py:judge)")
     base = str(Path.cwd())
+    where = f"--bind {spec}"
     if is_remote(target):
-        return name, StageConfig(remote=[t.strip() for t in target.split(",")], base=base)
-    return name, StageConfig(inline=target, base=base)
+        remote = [t.strip() for t in target.split(",")]
+        config = StageConfig(remote=remote, base=base, source=where)
+    else:
+        config = StageConfig(inline=target, base=base, source=where)
+    _check_target(where, config)
+    return name, config
 
 
 def load_config(
@@ -132,6 +176,32 @@ def load_config(
             raise ConfigError(f"--option for stage {name!r}, which is not bound")
         merged.stages[name].options = {**merged.stages[name].options, **extra}
     return merged
+
+
+def check_names(config: Config, used: Iterable[str], script: str | Path) -> None:
+    """Refuse a binding for a stage the script never uses: a typo would otherwise leave
+    the real stage bound as before, silently. The error suggests the closest name.
+
+    The ``bls.toml`` beside a script may be shared by the other scripts in its folder:
+    a name there that is close to none the script uses belongs to one of them, not to
+    a typo. Names from ``--bind`` and ``--config`` must all be used.
+    """
+    used = sorted(set(used))
+    beside = str(Path(script).resolve().parent / CONFIG_NAME)
+    for name, stage in config.stages.items():
+        if name in used:
+            continue
+        shared = stage.source.startswith(beside)
+        # In a shared file only a near miss (a transposition, a missing letter) is a typo.
+        close = difflib.get_close_matches(name, used, n=1, cutoff=0.75 if shared else 0.6)
+        if not close and shared:
+            continue
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        known = ", ".join(used) or "none"
+        raise ConfigError(
+            f"{stage.source or 'config'}: no stage {name!r} in the script{hint}; "
+            f"the stages it uses: {known}"
+        )
 
 
 def _cached(name: str, stage: StageConfig, binding: Binding) -> Binding:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any, overload
 
 import msgspec
 
-from .errors import InvalidRequest
-from .messages import Signature, convert, signature_of
+from .errors import InvalidRequest, StageError
+from .messages import Signature, convert, signature_of, type_name
 
 __all__ = ["Script", "entries", "script"]
 
@@ -22,7 +23,13 @@ class Script:
     script's stage, inline (``file.py:name``) or behind ``bls worker``.
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None, openai: str | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        openai: str | None = None,
+        model: str | None = None,
+    ):
         if not (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)):
             raise TypeError(
                 f"@bls.script needs an 'async def' function or async generator, got {fn!r}"
@@ -30,7 +37,9 @@ class Script:
         self.fn = fn
         self.name = name or fn.__name__
         self.openai = openai
+        self.model = model
         self.signature: Signature = signature_of(fn)
+        self._none_ok = _accepts_none(self.signature.response)
         functools.update_wrapper(self, fn)
 
     @property
@@ -43,6 +52,17 @@ class Script:
     def __repr__(self) -> str:
         kind = "streaming" if self.streaming else "unary"
         return f"<bls.script {self.name} ({kind})>"
+
+    def check_result(self, value: Any) -> Any:
+        """``value``, unless the entry returned nothing against its declared type."""
+        if value is None and not self._none_ok:
+            declared = type_name(self.signature.response)
+            raise StageError(
+                self.name,
+                "invalid_response",
+                f"entry {self.name!r} returned None but is declared to return {declared}",
+            )
+        return value
 
     def decode(self, data: bytes | str) -> Any:
         """Decode a JSON request body into the entry's request type.
@@ -62,11 +82,17 @@ class Script:
             raise InvalidRequest.from_validation(self.name, exc) from None
 
 
+def _accepts_none(tp: Any) -> bool:
+    if tp is Any or tp is None or tp is type(None) or tp is object:
+        return True
+    return type(None) in typing.get_args(tp)
+
+
 @overload
 def script(fn: Callable[..., Any], /) -> Script: ...
 @overload
 def script(
-    *, name: str | None = None, openai: str | None = None
+    *, name: str | None = None, openai: str | None = None, model: str | None = None
 ) -> Callable[[Callable[..., Any]], Script]: ...
 def script(
     fn: Callable[..., Any] | None = None,
@@ -74,17 +100,19 @@ def script(
     *,
     name: str | None = None,
     openai: str | None = None,
+    model: str | None = None,
 ) -> Script | Callable[[Callable[..., Any]], Script]:
     """Mark an entrypoint, bare (``@bls.script``) or with options.
 
     ``name`` overrides the function's name (the route is ``/v1/scripts/<name>``);
-    ``openai="chat"`` also serves the entry at ``/v1/chat/completions``.
+    ``openai="chat"`` also serves the entry at ``/v1/chat/completions``, and ``model``
+    is the name ``GET /v1/models`` lists for it (default: the entry's name).
     """
     if fn is not None:
         return Script(fn)
 
     def wrap(f: Callable[..., Any]) -> Script:
-        return Script(f, name=name, openai=openai)
+        return Script(f, name=name, openai=openai, model=model)
 
     return wrap
 

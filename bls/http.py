@@ -4,6 +4,7 @@ Routes::
 
     POST /v1/scripts/{entry}      run an entry (JSON in; JSON, SSE or NDJSON out)
     POST /v1/chat/completions     OpenAI-compatible, for an entry declared openai="chat"
+    GET  /v1/models               the chat model(s) served (OpenAI's list shape)
     GET  /v1/scripts              entries with their request/response schemas
     GET  /openapi.json            generated from the message types
     GET  /health                  the process is alive
@@ -341,6 +342,7 @@ class Frontend:
             ("GET", "/ready"): self._ready,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/v1/scripts"): self._list,
+            ("GET", "/v1/models"): self._models,
             ("GET", "/openapi.json"): self._openapi_json,
             ("GET", "/debug/requests"): self._debug_list,
             ("POST", "/v1/chat/completions"): self._chat,
@@ -422,6 +424,10 @@ class Frontend:
                 }
             )
         await _respond(send, 200, _encode({"scripts": listing}), self._request_id(scope))
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        names = [e.model or e.name for e in self.entries.values() if e.openai == "chat"]
+        await _respond(send, 200, chat.models(names), self._request_id(scope))
 
     async def _openapi_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._openapi is None:
@@ -543,8 +549,10 @@ class Frontend:
             trace.close(root, "ok")
         except _Disconnected:
             # Nobody to answer; 499 (client closed request) is for the log and metrics.
+            # A stream whose headers went out as 200 is still a request the client
+            # dropped: 499 in the log, the metrics and the timeline alike.
             request.disconnected = True
-            request.status = request.status or 499
+            request.status = 499
             trace.close(root, "cancelled", "disconnect")
             self.metrics.cancelled("disconnect")
         except BaseException as exc:
@@ -669,19 +677,26 @@ class Frontend:
         request: _Request,
         content_type: bytes,
         frame: Callable[[Any], bytes],
+        opening: bytes = b"",
     ) -> None:
-        """Send items as they come. Headers wait for the first item, so an error before
-        it still gets its own status code."""
+        """Send items as they come (an item framed as ``b""`` is skipped). Headers, then
+        ``opening``, wait for the first item, so an error before it still gets its own
+        status code."""
 
         async def begin() -> None:
             await _start(send, 200, request.id.encode(), content_type, stream=True)
             request.streamed = True
             request.status = 200
+            if opening:
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
 
         async for item in items:
+            body = frame(item)
+            if not body:
+                continue
             if not request.streamed:
                 await begin()
-            await send({"type": "http.response.body", "body": frame(item), "more_body": True})
+            await send({"type": "http.response.body", "body": body, "more_body": True})
         if not request.streamed:  # an empty stream: headers, then the end
             await begin()
 
@@ -693,34 +708,47 @@ class Frontend:
         req: Any,
         request: _Request,
     ) -> None:
+        problem = chat.unsupported(req)
+        if problem is not None:
+            raise HttpError(400, "unsupported", problem[0], stage=entry.name, path=problem[1])
         cid = chat.completion_id()
-        model = getattr(req, "model", "") or entry.name
+        model = getattr(req, "model", "") or entry.model or entry.name
+        tally = chat.Tally()
         if not getattr(req, "stream", False):
             if entry.streaming:
                 parts = []
                 async with self.runtime.run_stream(entry, req) as items:
                     async for item in items:
-                        parts.append(chat.text_of(item))
+                        parts.append(tally.add(item)[0])
                 text = "".join(parts)
             else:
-                text = chat.text_of(await self.runtime.run(entry, req))
+                text = tally.add(await self.runtime.run(entry, req))[0]
             request.status = 200
-            await _respond(send, 200, chat.completion(cid, model, text), request.id.encode())
+            body = chat.completion(cid, model, text, tally)
+            await _respond(send, 200, body, request.id.encode())
             return
 
+        chunks = chat.Chunks(cid, model)
+
         def frame(item: Any) -> bytes:
-            return b"data: " + chat.chunk(cid, model, content=chat.text_of(item)) + b"\n\n"
+            text, finish = tally.add(item)
+            if text:
+                return chunks.text(text, finish)
+            return chunks.finish(finish) if finish is not None else b""
 
         request.error_frame = _data_error
-        first = b"data: " + chat.chunk(cid, model, role="assistant", content="") + b"\n\n"
-        last = b"data: " + chat.chunk(cid, model, finish="stop") + b"\n\ndata: [DONE]\n\n"
         if entry.streaming:
             async with self.runtime.run_stream(entry, req) as items:
-                await self._stream(send, _prefixed(first, items), request, _SSE, _raw_or(frame))
+                await self._stream(send, items, request, _SSE, frame, chunks.role())
         else:
-            text = chat.text_of(await self.runtime.run(entry, req))
-            await self._stream(send, _prefixed(first, _one(text)), request, _SSE, _raw_or(frame))
-        await send({"type": "http.response.body", "body": last})
+            item = await self.runtime.run(entry, req)
+            await self._stream(send, _one(item), request, _SSE, frame, chunks.role())
+        last = b"" if tally.finish_reason else chunks.finish("stop")
+        usage = tally.usage()
+        options = getattr(req, "stream_options", None) or {}
+        if usage is not None and options.get("include_usage"):
+            last += chunks.usage(usage)
+        await send({"type": "http.response.body", "body": last + chunks.done()})
 
     # -- drain ------------------------------------------------------------------------
 
@@ -743,22 +771,8 @@ class Frontend:
         return False
 
 
-class _Raw(bytes):
-    """Bytes already framed for the wire (the chat stream's first chunk)."""
-
-
-async def _prefixed(first: bytes, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield _Raw(first)
-    async for item in items:
-        yield item
-
-
 async def _one(value: Any) -> AsyncIterator[Any]:
     yield value
-
-
-def _raw_or(frame: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
-    return lambda item: item if isinstance(item, _Raw) else frame(item)
 
 
 def _sse_item(item: Any) -> bytes:

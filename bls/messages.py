@@ -24,11 +24,14 @@ import msgspec
 __all__ = ["Message", "Signature", "compatible", "convert", "signature_of", "type_name"]
 
 
-class Message(msgspec.Struct, kw_only=True):
+class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base class for every request, response and stream item.
 
     A ``msgspec.Struct``: declare fields with annotations, get validation at every
-    boundary (HTTP, the wire, inline stage calls) and fast encoding.
+    boundary (HTTP, the wire, inline stage calls) and fast encoding. A field the type
+    does not declare is an error naming it (a typo is never silently dropped); a type
+    that should accept and ignore extra fields says so:
+    ``class Req(bls.Message, forbid_unknown_fields=False)``.
     """
 
 

@@ -1,4 +1,4 @@
-"""Exporting request traces through OpenTelemetry (the optional ``bls[otel]`` extra).
+"""Exporting request traces through OpenTelemetry (the optional ``otel`` extra).
 
 ``bls serve`` exports when the standard variable ``OTEL_TRACES_EXPORTER`` names an
 exporter: ``console`` (in the SDK), or ``otlp`` (needs the
@@ -83,7 +83,8 @@ def from_environment() -> Exporter | None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
         raise ConfigError(
-            f"OTEL_TRACES_EXPORTER={name} needs the OpenTelemetry SDK: pip install 'bls[otel]'"
+            f"OTEL_TRACES_EXPORTER={name} needs the OpenTelemetry SDK: "
+            "pip install -e '.[otel]' (in a checkout of bls-pipelines)"
         ) from None
     exporter: Any
     if name == "console":

@@ -108,10 +108,13 @@ def type_problems(name: str, binding: Binding) -> list[str]:
     return problems
 
 
-def use_problems(uses: Iterable[StageUse], bindings: Mapping[str, Binding]) -> list[str]:
-    """Stage names a script's source uses that are unbound or called in the wrong mode."""
+def use_problems(
+    uses: Iterable[StageUse], bindings: Mapping[str, Binding], unopened: Iterable[str] = ()
+) -> list[str]:
+    """Stage names a script's source uses that are unbound or called in the wrong mode
+    (``unopened`` bindings, whose workers never answered, have no mode to compare)."""
     problems: list[str] = []
-    seen: set[tuple[str, bool]] = set()
+    seen: set[tuple[str, bool]] = {(name, mode) for name in unopened for mode in (True, False)}
     for use in uses:
         if (use.name, use.streaming) in seen:
             continue
@@ -212,6 +215,7 @@ class Runtime:
     async def open(self) -> list[str]:
         """Open every binding and return the type problems found (no set-up)."""
         problems: list[str] = []
+        unopened: list[str] = []
         self._stack = AsyncExitStack()
         tg = self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         for name, binding in self._bindings.items():
@@ -220,9 +224,10 @@ class Runtime:
                 await binding.open(tg)
             except OSError as exc:
                 problems.append(str(exc))
+                unopened.append(name)
                 continue
             problems.extend(type_problems(name, binding))
-        problems.extend(use_problems(self._uses, self._bindings))
+        problems.extend(use_problems(self._uses, self._bindings, unopened))
         for name, binding in self._bindings.items():
             decl = _declared.get(name)
             binding.expect(decl.response if decl is not None else binding.signature.response)
@@ -312,13 +317,13 @@ class Runtime:
         token = _current.set(self)
         if timeout is None:  # no scope of its own: the caller's scopes govern it
             try:
-                return await entry.fn(req)
+                return entry.check_result(await entry.fn(req))
             finally:
                 _current.reset(token)
         deadline = deadline_at(time.time() + timeout)
         try:
             with self._scope(timeout):
-                return await entry.fn(req)
+                return entry.check_result(await entry.fn(req))
             raise _deadline(entry, timeout)
         finally:
             _current.reset(token)

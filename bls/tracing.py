@@ -216,10 +216,19 @@ class traced_stream:
         span.items += 1
         return item
 
-    async def aclose(self) -> None:
+    def _closed_early(self) -> None:
         span = self._span
         if span is not None and not span.end:
             self._ctx[0].close(span, "cancelled", "closed early")
+
+    def __del__(self) -> None:
+        # A script that leaves ``async for`` with ``break`` drops the stream without
+        # closing it: its span still ends, and reaches the metrics.
+        self._closed_early()
+
+    async def aclose(self) -> None:
+        self._closed_early()
+        span = self._span
         close = getattr(self._it, "aclose", None)
         if close is not None:
             token = _active.set((self._ctx[0], span.id)) if span is not None else None

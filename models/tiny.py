@@ -11,12 +11,16 @@ directory for real output.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 __all__ = ["CONFIG", "build", "default_dir"]
+
+log = logging.getLogger("bls.models.tiny")
 
 # head_dim = hidden_size / num_attention_heads = 32: vLLM's CPU attention needs 32, 64, 80...
 CONFIG: dict[str, Any] = {
@@ -57,6 +61,7 @@ def _tokenizer(path: Path) -> int:
         vocab_size=512,
         special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its progress bars write to stdout
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
@@ -82,6 +87,8 @@ def build(path: str | Path | None = None, *, seed: int = 0) -> Path:
     path = Path(path) if path is not None else default_dir()
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return path
+    log.info("building the tiny test model into %s (first use only)", path)
+    started = time.monotonic()
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     vocab = _tokenizer(tmp)
@@ -103,6 +110,7 @@ def build(path: str | Path | None = None, *, seed: int = 0) -> Path:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built the tiny test model in %.1fs", time.monotonic() - started)
     return path
 
 

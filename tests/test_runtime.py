@@ -257,9 +257,43 @@ async def test_run_stream_raises_script_errors_and_deadlines() -> None:
 async def test_entry_request_is_validated_with_path() -> None:
     async with bls.Runtime({"upper": helpers.upper}) as rt:
         with pytest.raises(bls.InvalidRequest) as info:
-            await rt.run(shout_twice, {"txt": "no"})
+            await rt.run(shout_twice, {})
     assert info.value.stage == "shout_twice"
     assert "text" in info.value.message
+
+
+async def test_a_field_the_request_type_does_not_declare_is_refused_by_name() -> None:
+    async with bls.Runtime({"upper": helpers.upper}) as rt:
+        with pytest.raises(bls.InvalidRequest) as info:
+            await rt.run(shout_twice, {"text": "hi", "txet": "typo"})
+    assert "unknown field `txet`" in info.value.message
+
+
+class _Lenient(bls.Message, forbid_unknown_fields=False):
+    text: str
+
+
+@bls.script
+async def lenient(req: _Lenient) -> str:
+    return req.text
+
+
+async def test_a_request_type_can_opt_out_of_refusing_unknown_fields() -> None:
+    async with bls.Runtime({}) as rt:
+        assert await rt.run(lenient, {"text": "hi", "extra": 1}) == "hi"
+
+
+@bls.script
+async def forgets_to_return(req: helpers.Text) -> helpers.Shout:
+    del req  # returns nothing against its declared type
+
+
+async def test_an_entry_that_returns_nothing_against_its_declared_type_is_an_error() -> None:
+    async with bls.Runtime({}) as rt:
+        with pytest.raises(bls.StageError) as info:
+            await rt.run(forgets_to_return, {"text": "hi"})
+    assert info.value.kind == "invalid_response"
+    assert "returned None" in info.value.message and "Shout" in info.value.message
 
 
 async def test_options_are_validated_against_the_workers_options_type() -> None:

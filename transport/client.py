@@ -155,13 +155,19 @@ class Connection:
             self._sock.close()
 
     async def hello(self, timeout: float) -> WorkerInfo:
-        """Wait for the worker's hello (sent on every handshake); OSError on time-out."""
+        """Wait for the worker's hello (sent on every handshake); OSError on time-out,
+        saying what was seen of the address meanwhile."""
         with anyio.move_on_after(timeout):
             await self._hello_done.wait()
         if self._hello_error:
             raise OSError(self._hello_error)
         if self.info is None:
-            why = self._handshake_error or self.reason
+            if self._handshake_error:
+                why = self._handshake_error
+            elif self._connected:
+                why = "connected, but no bls hello came back: is it a `bls worker`?"
+            else:
+                why = "nothing accepted the connection: is `bls worker` running there?"
             raise OSError(f"no answer from {self.address} within {timeout:g}s ({why})")
         return self.info
 

@@ -12,10 +12,19 @@ __all__ = ["client_curve", "generate", "load_public", "load_secret", "server_cur
 
 
 def generate(directory: str | Path, name: str) -> tuple[Path, Path]:
-    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (secret) into ``directory``."""
+    """Write ``NAME.key`` (public) and ``NAME.key_secret`` (secret, readable by its
+    owner only: mode 0600) into ``directory``."""
+    import os
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    secret_path = directory / f"{name}.key_secret"
+    # Create the secret file 0600 before anything is written into it: no moment when
+    # another user could read it.
+    secret_path.unlink(missing_ok=True)
+    os.close(os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     public, secret = zmq.auth.create_certificates(str(directory), name)
+    os.chmod(secret, 0o600)
     return Path(public), Path(secret)
 
 

