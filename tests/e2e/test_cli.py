@@ -167,3 +167,101 @@ def test_version_and_help() -> None:
     for command in ["run", "check"]:
         out = run_bls(command, "--help")
         assert out.returncode == 0 and "--bind" in out.stdout
+
+
+# -- traps a newcomer fell into --------------------------------------------------------
+
+NOISY = "tests/e2e/noisy/noisy.py"
+
+
+def test_stdout_carries_the_results_only_whatever_libraries_print() -> None:
+    out = run_bls("run", NOISY, "--input", '"hi"', "--bind", f"chatty={NOISY}:chatty")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == '"HI"\n'
+    for noise in ("from print()", "written to fd 1", "from a child process"):
+        assert noise in out.stderr
+
+
+def test_a_misspelt_stage_name_is_refused_with_the_closest_one() -> None:
+    out = run_bls(
+        "run", "examples/hello.py", "--input", '{"text": "hi"}', "--bind", "jduge=tcp://127.0.0.1:1"
+    )
+    assert out.returncode == 1
+    assert "no stage 'jduge' in the script (did you mean 'judge'?)" in out.stderr
+    assert "--bind jduge=tcp://127.0.0.1:1" in out.stderr
+
+
+def test_a_misspelt_stage_name_in_a_config_file_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = tmp_path / "bls.toml"
+    config.write_text(f'[stages.drfat]\ninline = "{ROOT}/examples/hello_stages.py:draft"\n')
+    out = run_bls("check", "examples/hello.py", "--config", str(config))
+    assert out.returncode == 1
+    assert f"{config}: [stages.drfat]: no stage 'drfat'" in out.stderr
+    assert "did you mean 'draft'?" in out.stderr
+
+
+def test_an_address_without_its_scheme_says_so() -> None:
+    out = run_bls(
+        "run", "examples/hello.py", "--input", '{"text": "hi"}', "--bind", "judge=127.0.0.1:5555"
+    )
+    assert out.returncode == 1
+    assert "looks like an address without a scheme: write tcp://127.0.0.1:5555" in out.stderr
+    assert "No module named" not in out.stderr
+
+
+def test_an_unreachable_worker_is_one_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    config = tmp_path / "fast.toml"
+    config.write_text("[transport]\nconnect_timeout_s = 0.5\n")
+    out = run_bls(
+        "run",
+        "examples/hello.py",
+        "--input",
+        '{"text": "hi"}',
+        "--config",
+        str(config),
+        "--bind",
+        f"judge=tcp://127.0.0.1:{port}",
+    )
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: stage 'judge': no replica answered: no answer from tcp://127.0.0.1:{port} "
+        "within 0.5s (nothing accepted the connection: is `bls worker` running there?)"
+    ]
+
+
+@pytest.mark.parametrize("command", ["run", "check", "serve", "worker", "keygen"])
+def test_traceback_is_accepted_by_every_command(command: str) -> None:
+    args = {
+        "run": ["run", "nope.py", "--input", "{}"],
+        "check": ["check", "nope.py"],
+        "serve": ["serve", "nope.py"],
+        "worker": ["worker", "nope.py:x", "--listen", "tcp://127.0.0.1:0"],
+        "keygen": ["keygen", "k", "--dir", "/proc/no-such-dir"],
+    }[command]
+    out = run_bls(*args, "--traceback")
+    assert out.returncode == 1
+    assert "unrecognized arguments" not in out.stderr
+    assert "Traceback (most recent call last)" in out.stderr
+    assert out.stderr.rstrip().splitlines()[-1].startswith("error: ")
+
+
+def test_keygen_writes_the_secret_key_for_its_owner_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = run_bls("keygen", "worker", "--dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "worker.key_secret").stat().st_mode & 0o777 == 0o600
+    assert out.stdout.splitlines() == [
+        f"public {tmp_path / 'worker.key'}",
+        f"secret {tmp_path / 'worker.key_secret'}",
+    ]
+
+
+def test_a_request_field_with_a_typo_is_refused_by_name() -> None:
+    out = run_bls("run", "examples/hello.py", "--input", '{"text": "hi", "max_attemps": 1}')
+    assert out.returncode == 1
+    assert "unknown field `max_attemps`" in out.stderr

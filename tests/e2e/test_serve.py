@@ -292,6 +292,36 @@ def test_disconnect_mid_stream_cancels_the_remote_handler(server: Proc, tmp_path
     produced = int((tmp_path / "ticks.produced").read_text().split()[0])
     time.sleep(0.3)  # the worker has stopped: nothing more is produced
     assert int((tmp_path / "ticks.produced").read_text().split()[0]) == produced
+    # A stream the client dropped is a 499 like any dropped request, though its headers
+    # went out as 200: in the timeline, the metrics and the access log.
+    rid = received.split(b"x-request-id: ")[1].split(b"\r\n")[0].decode()
+    with httpx.Client(base_url=server.address) as http:
+        wait_for(lambda: _status_of(http, rid) == 499)
+        assert _metric(http.get("/metrics").text, "bls_requests_total", entry="count", status="499")
+    wait_for(lambda: any(rid in line and " 499 " in line for line in server.lines))
+
+
+def _status_of(http: httpx.Client, rid: str) -> int:
+    listing = http.get("/debug/requests", headers={"Accept": "application/json"}).json()
+    return next((t["status"] for t in listing if t["id"] == rid), 0)
+
+
+def test_a_stream_left_by_break_closes_its_span_and_counts(http: httpx.Client) -> None:
+    before = _metric(http.get("/metrics").text, "bls_stage_calls_total", stage="ticks")
+    r = http.post("/v1/scripts/first", json={"text": "", "n": 1000, "seconds": 0.01})
+    assert r.status_code == 200 and r.json() == {"i": 0}
+    rid = r.headers["x-request-id"]
+    spans = http.get(f"/debug/requests/{rid}", headers={"Accept": "application/json"})
+    (ticks,) = [s for s in spans.json()["spans"] if s["name"] == "ticks" and not s["remote"]]
+    assert ticks["outcome"] == "cancelled" and ticks["end"] >= ticks["start"] > 0
+    after = _metric(http.get("/metrics").text, "bls_stage_calls_total", stage="ticks")
+    assert after == before + 1
+
+
+def test_an_unknown_request_field_is_a_422_naming_it(http: httpx.Client) -> None:
+    r = http.post("/v1/scripts/greet", json={"text": "hi", "txet": "typo"})
+    assert r.status_code == 422
+    assert "unknown field `txet`" in r.json()["error"]["message"]
 
 
 def test_disconnect_mid_request_cancels_the_remote_handler(server: Proc, tmp_path: Path) -> None:
@@ -458,7 +488,7 @@ def test_metrics_counters_move(http: httpx.Client) -> None:
 
 def test_scripts_listing_and_openapi(http: httpx.Client) -> None:
     listing = {s["name"]: s for s in http.get("/v1/scripts").json()["scripts"]}
-    assert set(listing) == {"greet", "wait", "count", "fail", "total", "fanout", "chat"}
+    assert set(listing) == {"greet", "wait", "count", "first", "fail", "total", "fanout", "chat"}
     assert listing["count"]["streaming"] is True
     assert listing["chat"]["openai"] == "chat"
     assert "text" in json.dumps(listing["greet"]["request"])

