@@ -19,7 +19,11 @@ def bls_env(**extra: str) -> dict[str, str]:
 
 
 def run_bls(
-    *args: str, input: str | None = None, timeout: float = 60, cwd: Path = ROOT
+    *args: str,
+    input: str | None = None,
+    timeout: float = 60,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``bls ARGS`` to completion; output as text."""
     return subprocess.run(
@@ -29,5 +33,5 @@ def run_bls(
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env=bls_env(),
+        env=env or bls_env(),
     )

@@ -38,13 +38,21 @@ def parts(stdout: str) -> list[dict[str, object]]:
 
 
 def test_describe_runs_the_same_inline_and_remote(tmp_path: Path) -> None:
-    inline = run_bls("run", SCRIPT, "--input", REQUEST, timeout=300)
+    # An empty cache, as on a new machine: the first run builds the tiny model, and what
+    # building prints must not reach stdout.
+    env = bls_env(TMPDIR=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("BLS_TINY_MODEL", None)
+    inline = run_bls("run", SCRIPT, "--input", REQUEST, timeout=300, env=env)
     assert inline.returncode == 0, inline.stderr[-3000:]
+    assert (tmp_path / "cache" / "bls").is_dir()  # it did build the model
+    lines = inline.stdout.splitlines()
+    assert lines and all(line.startswith("{") for line in lines), inline.stdout[:500]
     got = parts(inline.stdout)  # stdout holds results only: engine logs go to stderr
     assert got[0]["label"] in ("cat", "dog", "bird", "car", "tree")
     assert sum(len(p["token_ids"]) for p in got[1:]) == 12  # type: ignore[arg-type]
+    assert "building the tiny test model" in inline.stderr  # progress, on stderr
+    assert "force killing" not in inline.stderr
 
-    env = bls_env(TMPDIR=str(tmp_path))
     procs = []
     try:
         for target, extra in (
@@ -72,6 +80,7 @@ def test_describe_runs_the_same_inline_and_remote(tmp_path: Path) -> None:
             "--bind",
             f"generator={generator}",
             timeout=120,
+            env=env,
         )
     finally:
         for proc in procs:
