@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import numpy  # noqa: F401 - tensor_echo takes arrays: the wire decodes them only where numpy is loaded
 
 import bls
 

@@ -53,6 +53,12 @@ def _add_worker(sub: Any) -> None:
     )
     p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
     p.add_argument(
+        "--max-inflight-per-caller",
+        type=int,
+        metavar="N",
+        help="calls one caller may have running at once (default: --max-inflight)",
+    )
+    p.add_argument(
         "--max-inflight",
         type=int,
         default=256,
@@ -101,8 +107,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     cli.claim_stdout()
     cli.setup_logging(args.log_level)
-    if args.max_inflight < 1:
-        raise ConfigError("--max-inflight must be at least 1")
+    if args.max_inflight < 1 or (args.max_inflight_per_caller or 1) < 1:
+        raise ConfigError("--max-inflight and --max-inflight-per-caller must be at least 1")
     if args.curve_allow and not args.curve_secret:
         raise ConfigError("--curve-allow needs --curve-secret")
     try:
@@ -131,6 +137,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             stage=stage,
             strict_name=bool(args.stage),
             max_inflight=args.max_inflight,
+            max_inflight_per_caller=args.max_inflight_per_caller,
             grace=args.grace,
             settings=config.transport,
             curve_secret=args.curve_secret,
@@ -177,6 +184,13 @@ def _add_serve(sub: Any) -> None:
         metavar="S",
         help="deadline of every request, and the most an X-Request-Timeout header may ask "
         "for (default 300; 0 = none)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a request body may take to arrive; a slower one gets 408 (default 10)",
     )
     p.add_argument(
         "--grace",
@@ -231,6 +245,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} must be at least {least}")
     if args.request_timeout < 0 or args.grace < 0:
         raise ConfigError("--request-timeout and --grace must not be negative")
+    if not args.body_timeout > 0:
+        raise ConfigError("--body-timeout must be positive")
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
     app = App(args.script, config_file=args.config, binds=args.bind)
@@ -238,6 +254,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout or None,
         max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
         grace=args.grace,
         trace_keep=args.trace_keep,
     )

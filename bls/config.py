@@ -57,7 +57,8 @@ class TransportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """``[transport]`` in ``bls.toml``: settings for remote bindings."""
 
     heartbeat_s: float = 0.25
-    dead_after_s: float = 1.0
+    dead_after_s: float = 1.0  # a caller declares a silent worker lost after this
+    caller_dead_after_s: float = 15.0  # a worker gives up on a silent caller after this
     connect_timeout_s: float = 5.0
     max_frame_bytes: int = 256 * 1024 * 1024
     curve_server_key: str | None = None

@@ -11,7 +11,7 @@ from typing import Any, overload
 import msgspec
 
 from .errors import InvalidRequest, StageError
-from .messages import Signature, convert, signature_of, type_name
+from .messages import Signature, beyond_limits, convert, signature_of, type_name
 
 __all__ = ["Script", "entries", "script"]
 
@@ -67,12 +67,19 @@ class Script:
     def decode(self, data: bytes | str) -> Any:
         """Decode a JSON request body into the entry's request type.
 
-        Raises :class:`InvalidRequest` naming the entry and the field path.
+        Raises :class:`InvalidRequest` naming the entry and the field path, also for a
+        value beyond the limits every binding can carry (:func:`beyond_limits`).
         """
         try:
-            return msgspec.json.decode(data, type=self.signature.request)
+            req = msgspec.json.decode(data, type=self.signature.request)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise InvalidRequest.from_validation(self.name, exc) from None
+        except RecursionError:
+            raise InvalidRequest(self.name, "the request is nested too deeply") from None
+        problem = beyond_limits(req)
+        if problem is not None:
+            raise InvalidRequest(self.name, *problem)
+        return req
 
     def coerce(self, req: Any) -> Any:
         """Convert an already-decoded value to the request type (InvalidRequest on failure)."""

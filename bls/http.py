@@ -73,6 +73,7 @@ class Limits(msgspec.Struct, kw_only=True):
     max_inflight: int = 64  # accepted requests at once; more get 429
     request_timeout: float | None = 300.0  # upper bound of any request's deadline
     max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413, unread
+    body_timeout: float = 10.0  # a body that takes longer to arrive gets 408
     grace: float = 30.0  # seconds in-flight requests get on SIGTERM
     trace_keep: int = 100  # finished request traces kept for /debug/requests
 
@@ -514,14 +515,19 @@ class Frontend:
                     f"the server is at its limit of {self.limits.max_inflight} requests in flight",
                     headers=[(b"retry-after", b"1")],
                 )
-            body = await self._body(scope, receive)
+            # The body arrives under its own, shorter deadline (and the request's): a
+            # client that trickles it holds its admission slot no longer than that.
+            timeout = self._timeout(scope)
+            body_timeout = self.limits.body_timeout
+            if timeout is not None:
+                body_timeout = min(body_timeout, timeout)
+            body = await self._body_within(scope, receive, body_timeout, asyncio_loop)
             try:
                 req = entry.decode(body)
             except InvalidRequest as exc:
                 raise _invalid(exc) from None
             # One cancel scope for the deadline, a disconnect and the end of a drain; the
             # deadline also travels with every remote call.
-            timeout = self._timeout(scope)
             deadline = None
             if timeout is not None:
                 request.scope.expire_after(timeout)
@@ -602,6 +608,24 @@ class Frontend:
                 await _send_error(send, error, request.id.encode())
         except OSError:
             request.disconnected = True
+
+    async def _body_within(
+        self, scope: Scope, receive: Receive, seconds: float, asyncio_loop: bool
+    ) -> bytes:
+        """:meth:`_body`, or 408 when it has not all arrived within ``seconds``."""
+        try:
+            if asyncio_loop:
+                async with asyncio.timeout(seconds):
+                    return await self._body(scope, receive)
+            with anyio.fail_after(seconds):
+                return await self._body(scope, receive)
+        except TimeoutError:
+            raise HttpError(
+                408,
+                "body_timeout",
+                f"the request body did not arrive within {seconds:g}s",
+                headers=[(b"connection", b"close")],
+            ) from None
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.limits.max_body_bytes

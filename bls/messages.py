@@ -21,7 +21,21 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Message", "Signature", "compatible", "convert", "signature_of", "type_name"]
+__all__ = [
+    "MAX_DEPTH",
+    "Message",
+    "Signature",
+    "beyond_limits",
+    "compatible",
+    "convert",
+    "signature_of",
+    "type_name",
+]
+
+# What any request must stay within, whatever its binding: the wire carries integers of
+# 64 bits (signed or unsigned) and values nested this deep at most.
+MAX_DEPTH = 100
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
 class Message(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -80,6 +94,33 @@ def signature_of(fn: Callable[..., Any], *, skip_self: bool = False) -> Signatur
     elif streaming:
         response = Any
     return Signature(request=request, response=response, streaming=streaming)
+
+
+def beyond_limits(value: Any) -> tuple[str, str] | None:
+    """``(problem, field path)`` when ``value`` holds an integer the wire cannot carry or
+    is nested deeper than :data:`MAX_DEPTH`; None when it is within the limits.
+
+    Checked where requests come in (HTTP, ``bls run``), so that a request is refused the
+    same way whether its stages are bound in process or remote."""
+    stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        t = type(v)
+        if t is int:
+            if not _INT_MIN <= v <= _INT_MAX:
+                return "integer out of range: bls carries 64-bit integers", path
+            continue
+        if t is str or t is bytes or t is float or t is bool or v is None:
+            continue
+        if depth >= MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels", path
+        if t is list or t is tuple:
+            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+        elif t is dict:
+            stack.extend((x, f"{path}.{k}", depth + 1) for k, x in v.items())
+        elif isinstance(v, msgspec.Struct):
+            stack.extend((getattr(v, f), f"{path}.{f}", depth + 1) for f in v.__struct_fields__)
+    return None
 
 
 def type_name(tp: Any) -> str:

@@ -101,7 +101,6 @@ class Connection:
         self.calls: dict[int, _Call] = {}
         self.acked = 0
         self.last_heard = 0.0
-        self.late = 0  # frames for calls already finished (e.g. cancel acknowledgements)
         # Cancelled traced calls: call id -> (trace, span) their worker's spans belong to.
         self._cancelled_traces: dict[int, tuple[Any, int]] = {}
         self._next_id = 0
@@ -120,8 +119,10 @@ class Connection:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue calls for a peer that is not there
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
+        # Bounded queues both ways: past them, sends wait in the socket's backlog (which
+        # the callers' own concurrency bounds) and a worker's replies in its own queue.
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         client_curve(sock, self.settings)
@@ -247,7 +248,7 @@ class Connection:
 
     def _on_message(self, frames: list[Any]) -> None:
         parsed = wire.parse(frames)
-        if parsed is None:
+        if parsed is None or wire.invalid(parsed[0]):
             log.debug("stage %r: dropped a malformed frame from %s", self.stage, self.address)
             return
         header, rest = parsed
@@ -257,8 +258,7 @@ class Connection:
         kind = header.kind
         if kind in (Kind.DATA, Kind.END, Kind.ERROR):
             call = self.calls.get(header.call)
-            if call is None or call.done:
-                self.late += 1
+            if call is None or call.done:  # e.g. a cancel's acknowledgement
                 ctx = self._cancelled_traces.pop(header.call, None)
                 if ctx is not None and header.spans:
                     ctx[0].adopt(decode_spans(header.spans), ctx[1])
@@ -487,8 +487,8 @@ class RemoteBinding(Binding):
     def _request(self, req: Any) -> list[Any]:
         try:
             body = self._codec.encode(req)
-        except TypeError as exc:
-            raise InvalidRequest(self.name, str(exc)) from None
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise InvalidRequest(self.name, f"cannot send the request: {exc}") from None
         size = wire.frame_sizes(body)
         if size > self.settings.max_frame_bytes:
             raise StageError(

@@ -34,16 +34,28 @@ _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
 _ZERO_COPY_MIN = 64 * 1024  # smaller frames are cheaper to copy than to pin
+_UNROUTABLE = (zmq.EAGAIN, zmq.EHOSTUNREACH)
 
 
 class AsyncSocket:
     """A zmq socket whose incoming messages are handed to ``on_message`` synchronously.
 
     ``on_message(frames)`` must not block or raise; it receives a list of ``zmq.Frame``.
+    For a ROUTER socket with ``ROUTER_MANDATORY`` set, ``unroutable(identity)`` is told
+    of a message that could not be queued for its peer (gone, or its queue is at the
+    high-water mark); the message is dropped rather than held: one peer that does not
+    read must not hold up the others, nor grow this process's memory.
     """
 
-    def __init__(self, sock: zmq.Socket[Any], on_message: Callable[[list[Any]], None]) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket[Any],
+        on_message: Callable[[list[Any]], None],
+        *,
+        unroutable: Callable[[bytes], None] | None = None,
+    ) -> None:
         self.sock = sock
+        self._unroutable = unroutable
         # The Cython send, without the Python wrapper's per-call bookkeeping (routing
         # ids, groups, copy thresholds) that bls never uses: `copy` is decided here.
         self._raw_send = zmq.backend.Socket.send.__get__(sock)
@@ -74,8 +86,13 @@ class AsyncSocket:
             copy = not (isinstance(frame, memoryview) and frame.nbytes >= _ZERO_COPY_MIN)
             try:
                 send(frame, flags, copy=copy)
-            except zmq.Again:
-                if i == 0:
+            except zmq.ZMQError as exc:
+                if i != 0:
+                    raise
+                if self._unroutable is not None and exc.errno in _UNROUTABLE:
+                    self._unroutable(bytes(frame))
+                    return True  # dropped: this peer cannot take it
+                if exc.errno == zmq.EAGAIN:
                     return False
                 raise
         return True

@@ -12,12 +12,16 @@ A message is a list of ZeroMQ frames::
   vLLM's v1 engine-core protocol carries tensors). Small arrays are inlined. Nothing is
   ever pickled.
 
-Decoding never raises to the caller of :func:`parse`: a malformed message is ``None``.
+Decoding never raises to the caller of :func:`parse`: a malformed message is ``None``;
+:func:`invalid` says why a decoded header cannot be acted on (a kind that does not exist,
+a deadline that is not a finite time, a credit beyond :data:`MAX_CREDIT`). Payloads decode
+arrays and tensors only when the receiving process has loaded numpy or torch itself
+(its own types need them): a peer's bytes never make it import a module.
 """
 
 from __future__ import annotations
 
-import importlib
+import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -34,11 +38,14 @@ __all__ = [
     "Kind",
     "WorkerInfo",
     "frame_sizes",
+    "invalid",
     "parse",
 ]
 
 PROTOCOL = 1
 INLINE_MAX = 1024  # arrays up to this many bytes travel inside the payload
+MAX_CREDIT = 1024  # stream items a caller may let a worker send ahead, at most
+_MAX_ID = 2**63 - 1
 
 _EXT_NDARRAY = 1
 _EXT_TENSOR = 2
@@ -57,17 +64,7 @@ class Kind:
     CREDIT = 8  # client → worker: more stream items may be sent
     ACK = 9  # worker → client: calls up to ``ack`` were received
 
-    NAMES = {
-        1: "hello",
-        2: "call",
-        3: "cancel",
-        4: "data",
-        5: "end",
-        6: "error",
-        7: "heartbeat",
-        8: "credit",
-        9: "ack",
-    }
+    ALL = frozenset(range(1, 10))
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True):
@@ -121,7 +118,8 @@ def encode_header(header: Header) -> bytes:
 
 
 def parse(frames: Sequence[Any]) -> tuple[Header, Sequence[Any]] | None:
-    """Split a received message into its header and the rest; None if malformed."""
+    """Split a received message into its header and the rest; None if malformed.
+    The header's fields are checked by :func:`invalid` before anything acts on them."""
     if len(frames) < 2:
         return None
     try:
@@ -131,14 +129,32 @@ def parse(frames: Sequence[Any]) -> tuple[Header, Sequence[Any]] | None:
     return header, frames[1:]
 
 
+def invalid(header: Header) -> str:
+    """Why a decoded header cannot be acted on ("" when it can)."""
+    if header.kind not in Kind.ALL:
+        return f"unknown frame kind {header.kind}"
+    if not 0 <= header.call <= _MAX_ID or not 0 <= header.ack <= _MAX_ID:
+        return "call id out of range"
+    deadline = header.deadline
+    if not (math.isfinite(deadline) and 0.0 <= deadline < 1e11):  # before the year 5138
+        return f"deadline {deadline!r} is not a time"
+    if not 0 <= header.count <= MAX_CREDIT:
+        return f"credit {header.count} is outside 0..{MAX_CREDIT}"
+    return ""
+
+
 def frame_sizes(frames: Sequence[Any]) -> int:
     return sum(len(f) for f in frames)
 
 
-def _np() -> Any:
-    import numpy
-
-    return numpy
+def _loaded(module: str) -> Any:
+    """A module this process has imported itself; ValueError when it has not."""
+    found = sys.modules.get(module)
+    if found is None:
+        raise ValueError(
+            f"the payload holds a {module} array, and this process does not use {module}"
+        )
+    return found
 
 
 class Codec:
@@ -171,7 +187,7 @@ class Codec:
         raise TypeError(f"cannot send a value of type {type(obj).__qualname__} over the wire")
 
     def _array(self, arr: Any, code: int) -> msgspec.msgpack.Ext:
-        np = _np()
+        np = sys.modules["numpy"]  # the value is a numpy array: numpy is loaded
         if arr.dtype.hasobject:
             raise TypeError("cannot send an array of Python objects over the wire")
         arr = np.ascontiguousarray(arr)
@@ -197,8 +213,10 @@ class Codec:
     def _ext_hook(self, code: int, data: memoryview) -> Any:
         if code not in (_EXT_NDARRAY, _EXT_TENSOR):
             raise ValueError(f"unknown extension type {code}")
+        if code == _EXT_TENSOR:
+            _loaded("torch")
+        np = _loaded("numpy")  # tensors arrive as numpy arrays first
         dtype, shape, index, inline = _meta_decoder.decode(data)
-        np = _np()
         if index < 0:
             buf: Any = inline
         else:
@@ -217,9 +235,7 @@ _meta_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], int, bytes])
 
 
 def _tensor(arr: Any) -> Any:
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        torch = importlib.import_module("torch")
+    torch: Any = sys.modules["torch"]
     with warnings.catch_warnings():
         # The frame's memory is read-only; the tensor shares it (zero-copy).
         warnings.simplefilter("ignore", UserWarning)

@@ -40,6 +40,9 @@ log = logging.getLogger("bls.worker")
 
 DEFAULT_CREDIT = 16
 SETTLE_S = 0.25  # after a drain, how long the socket stays open for the last replies
+# Messages queued for one caller that is not reading them; past this the caller is
+# presumed gone, its calls are cancelled and what is sent to it is dropped.
+SEND_QUEUE = 10_000
 
 
 class WorkerStats(msgspec.Struct):
@@ -59,10 +62,11 @@ class _Client(msgspec.Struct):
     seen: int = 0  # highest call id received
     acked: int = 0  # highest call id acknowledged
     last_heard: float = 0.0
+    inflight: int = 0  # its calls running now
 
 
 class _CallState:
-    __slots__ = ("cancelled", "client", "credit", "id", "key", "scope", "trace", "wake")
+    __slots__ = ("cancelled", "client", "credit", "id", "key", "lost", "scope", "trace", "wake")
 
     def __init__(self, client: bytes, call_id: int, credit: int) -> None:
         self.client = client
@@ -72,6 +76,7 @@ class _CallState:
         self.wake: anyio.Event | None = None
         self.scope: anyio.CancelScope | None = None
         self.cancelled = False
+        self.lost = ""  # why the worker gave up on the caller, if it did
         self.trace: Trace | None = None
 
 
@@ -97,9 +102,10 @@ class WorkerServer:
         stage: str,
         strict_name: bool = False,
         max_inflight: int = 256,
+        max_inflight_per_caller: int | None = None,
         max_frame_bytes: int = 256 * 1024 * 1024,
         heartbeat_s: float = 0.25,
-        dead_after_s: float = 1.0,
+        dead_after_s: float = 15.0,
         configure_socket: Callable[[zmq.Socket[Any]], None] | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
@@ -108,6 +114,7 @@ class WorkerServer:
         self.stage = stage
         self.strict_name = strict_name
         self.max_inflight = max_inflight
+        self.max_per_caller = max_inflight_per_caller or max_inflight
         self.max_frame_bytes = max_frame_bytes
         self.heartbeat_s = heartbeat_s
         self.dead_after_s = dead_after_s
@@ -153,10 +160,12 @@ class WorkerServer:
         """Bind, report the bound address through ``task_status``, serve until cancelled."""
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # A send to a caller that is gone or not reading fails at once (it is not queued
+        # without bound): see _unroutable.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+        sock.setsockopt(zmq.RCVHWM, SEND_QUEUE)
         if self._configure is not None:
             self._configure(sock)
         try:
@@ -165,7 +174,7 @@ class WorkerServer:
             sock.close(linger=0)
             raise OSError(f"cannot listen on {self.address}: {exc}") from None
         bound = self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._sock = AsyncSocket(sock, self._on_message)
+        self._sock = AsyncSocket(sock, self._on_message, unroutable=self._unroutable)
         self._ack_wanted = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
@@ -256,6 +265,12 @@ class WorkerServer:
             self.stats.dropped += 1
             return
         header, rest = parsed
+        problem = wire.invalid(header)
+        if problem:
+            self.stats.dropped += 1
+            if header.kind == Kind.CALL and 0 < header.call < 2**63:
+                self._send_error(client, header.call, StageError(self.stage, "bad_frame", problem))
+            return
         peer = self._clients.get(client)
         if peer is None:
             peer = self._clients[client] = _Client()
@@ -270,7 +285,7 @@ class WorkerServer:
             if state is None or header.count <= 0:
                 self.stats.dropped += 1
                 return
-            state.credit += header.count
+            state.credit = min(state.credit + header.count, wire.MAX_CREDIT)
             if state.wake is not None:
                 state.wake.set()
         elif kind == Kind.HEARTBEAT:
@@ -324,17 +339,26 @@ class WorkerServer:
                 f"the worker is at its limit of {self.max_inflight} calls in flight",
             )
             return
+        if peer.inflight >= self.max_per_caller:
+            self._reject(
+                client,
+                call_id,
+                "overloaded",
+                f"this caller is at its limit of {self.max_per_caller} calls in flight",
+            )
+            return
         if wire.frame_sizes(rest) > self.max_frame_bytes:
             self.stats.too_large += 1
             self._reject(client, call_id, "too_large", "the request is over the frame limit")
             return
         try:
             req = self._request.decode(rest[0], rest[1:])
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        except Exception as exc:  # whatever the bytes were, the caller gets an answer
             self.stats.failed += 1
-            self._send_error(client, call_id, InvalidRequest.from_validation(self.stage, exc))
+            self._send_error(client, call_id, _undecodable(self.stage, exc))
             return
         state = _CallState(client, call_id, header.count or DEFAULT_CREDIT)
+        peer.inflight += 1
         if header.trace:
             state.trace = Trace(header.trace, self.stage)
         self._calls[state.key] = state
@@ -407,7 +431,10 @@ class WorkerServer:
                     _close(state, span, *outcome_of(err))
                     self._send_error(client, call_id, err, state)
             if scope.cancelled_caught:
-                if state.cancelled:
+                if state.lost:
+                    self.stats.cancelled += 1
+                    kind, why = "unavailable", state.lost
+                elif state.cancelled:
                     self.stats.cancelled += 1
                     kind, why = "cancelled", "cancelled by the caller"
                 else:
@@ -422,14 +449,18 @@ class WorkerServer:
             if token is not None:
                 reset_deadline(token)
             del self._calls[state.key]
+            peer = self._clients.get(client)
+            if peer is not None:
+                peer.inflight -= 1
             if not self._calls and self._idle is not None:
                 self._idle.set()
 
     def _encode(self, value: Any) -> list[Any]:
         try:
             return self._response.encode(value)
-        except TypeError as exc:
-            raise StageError(self.stage, "invalid_response", str(exc)) from None
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            why = f"cannot send the result: {exc}"
+            raise StageError(self.stage, "invalid_response", why) from None
 
     async def _stream(self, state: _CallState, req: Any, span: Span | None) -> None:
         items = self.binding.stream(req)
@@ -458,12 +489,18 @@ class WorkerServer:
             self._ack_wanted = anyio.Event()
             # Let just-started calls run first: a quick reply carries the ack for free.
             await anyio.lowlevel.checkpoint()
-            for client, peer in self._clients.items():
+            for client, peer in list(self._clients.items()):  # a send may forget a peer
                 if peer.seen > peer.acked:
                     self._send(client, Kind.ACK, 0)
 
     async def _heartbeats(self) -> None:
-        """Cancel the calls of callers that went silent; forget them."""
+        """Cancel the calls of callers that went silent for ``dead_after_s``; forget them.
+
+        The bound is long (15 s by default): a caller whose event loop is blocked sends
+        no heartbeats either, and a long synchronous step must not cost it its calls. A
+        caller that went away without a word is noticed by its full send queue first,
+        when it had calls streaming (:meth:`_unroutable`).
+        """
         async for stalled in ticks(self.heartbeat_s, self.dead_after_s / 2):
             now = time.monotonic()
             if stalled:  # this worker was not listening: judge its callers from now on
@@ -471,17 +508,39 @@ class WorkerServer:
                     peer.last_heard = now
                 continue
             for client, peer in list(self._clients.items()):
-                if now - peer.last_heard <= self.dead_after_s:
-                    continue
-                orphans = [s for s in self._calls.values() if s.client == client]
-                if orphans:
-                    log.warning("caller went silent: cancelling its %d call(s)", len(orphans))
-                for state in orphans:
-                    state.cancelled = True
-                    if state.scope is not None:
-                        state.scope.cancel()
-                if not orphans:
-                    del self._clients[client]
+                if now - peer.last_heard > self.dead_after_s:
+                    why = (
+                        f"the worker heard nothing from the caller for {self.dead_after_s:g}s "
+                        "and presumed it dead"
+                    )
+                    self._give_up(client, why)
+
+    def _unroutable(self, client: bytes) -> None:
+        """A send to ``client`` failed: it is gone, or it stopped reading and its queue is
+        full. Nothing more can reach it: cancel its calls and forget it."""
+        self.stats.dropped += 1
+        if client in self._clients:
+            self._give_up(client, "the caller stopped reading its replies")
+
+    def _give_up(self, client: bytes, why: str) -> None:
+        orphans = [s for s in self._calls.values() if s.client == client]
+        if orphans:
+            log.warning("stage %r: %s: cancelling its %d call(s)", self.stage, why, len(orphans))
+        for state in orphans:
+            state.lost = why
+            state.cancelled = True
+            if state.scope is not None:
+                state.scope.cancel()
+        self._clients.pop(client, None)
+
+
+def _undecodable(stage: str, exc: Exception) -> InvalidRequest:
+    """The answer to a call whose payload could not be decoded."""
+    if isinstance(exc, (msgspec.ValidationError, msgspec.DecodeError)):
+        return InvalidRequest.from_validation(stage, exc)
+    if isinstance(exc, RecursionError):
+        return InvalidRequest(stage, "the request is nested too deeply")
+    return InvalidRequest(stage, f"the request cannot be decoded: {exc}")
 
 
 def _close(state: _CallState, span: Span | None, outcome: str, kind: str = "") -> None:
@@ -499,6 +558,7 @@ async def run_worker(
     max_inflight: int,
     grace: float,
     settings: Any,
+    max_inflight_per_caller: int | None = None,
     curve_secret: str | None = None,
     curve_allow: str | None = None,
     on_ready: Callable[[str], None] = lambda addr: print(f"ready {addr}", flush=True),
@@ -533,9 +593,10 @@ async def run_worker(
                 stage=stage,
                 strict_name=strict_name,
                 max_inflight=max_inflight,
+                max_inflight_per_caller=max_inflight_per_caller,
                 max_frame_bytes=settings.max_frame_bytes,
                 heartbeat_s=settings.heartbeat_s,
-                dead_after_s=max(settings.dead_after_s * 3, 3.0),
+                dead_after_s=settings.caller_dead_after_s,
                 configure_socket=configure,
             )
             try:
