@@ -1,0 +1,349 @@
+"""Hostile peers and clients against real processes: frames that used to kill or bloat a
+worker, callers that stall, clients that trickle, values beyond what the wire carries."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+import msgspec
+import pytest
+import zmq
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import bls
+from bls.transport import wire
+from bls.transport.wire import Header, Kind
+
+from .cli import run_bls
+from .procs import Proc, start, stop, wait_for, worker
+
+HERE = "tests/e2e/hardening"
+STAGES = f"{HERE}/stages.py"
+KEEP = f"{HERE}/keep.py"
+
+
+class RawPeer:
+    """A DEALER driven by hand: any frame out, replies matched to their call ids."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        hello = wire.encode_hello(wire.Hello(wire.PROTOCOL, ""))
+        self.sock.send_multipart([wire.encode_header(Header(kind=Kind.HELLO)), hello])
+        self.answers: dict[int, tuple[int, list[bytes]]] = {}
+        self.info = wire.decode_info(self._next(Kind.HELLO)[1][0])
+
+    def _next(self, kind: int | None = None, timeout: float = 10) -> tuple[Header, list[bytes]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sock.poll(50):
+                frames = self.sock.recv_multipart()
+                parsed = wire.parse(frames)
+                assert parsed is not None, frames
+                header, rest = parsed
+                if kind is None or header.kind == kind:
+                    return header, list(rest)
+        raise AssertionError(f"no frame of kind {kind} within {timeout}s")
+
+    def send(self, header: Header, *body: bytes) -> None:
+        self.sock.send_multipart([wire.encode_header(header), *(body or (b"",))])
+
+    def call(self, call_id: int, payload: bytes, **fields: Any) -> None:
+        fields.setdefault("to", self.info.instance)
+        self.send(Header(kind=Kind.CALL, call=call_id, **fields), payload)
+
+    def answer(self, call_id: int, timeout: float = 10) -> tuple[int, list[bytes]]:
+        """The final frame (END or ERROR) of ``call_id``."""
+        deadline = time.monotonic() + timeout
+        while call_id not in self.answers:
+            header, rest = self._next(timeout=max(deadline - time.monotonic(), 0.01))
+            if header.kind in (Kind.END, Kind.ERROR):
+                self.answers[header.call] = (header.kind, rest)
+        return self.answers.pop(call_id)
+
+    def error(self, call_id: int) -> wire.ErrorInfo:
+        kind, rest = self.answer(call_id)
+        assert kind == Kind.ERROR
+        return wire.decode_error(rest[0])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+@contextmanager
+def raw_peer(address: str) -> Iterator[RawPeer]:
+    peer = RawPeer(address)
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+def _payload(value: Any) -> bytes:
+    return msgspec.msgpack.encode({"value": value})
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def loaded(pid: int, library: str) -> bool:
+    return library in Path(f"/proc/{pid}/maps").read_text()
+
+
+# -- frames -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_deadlines_that_are_not_times_are_answered_and_the_worker_lives(backend: str) -> None:
+    with worker(f"{STAGES}:keep", "--backend", backend) as proc, raw_peer(proc.address) as peer:
+        for call_id, deadline in enumerate([math.nan, math.inf, -math.inf, -1.0, 1e300], 1):
+            peer.call(call_id, _payload("x"), deadline=deadline)
+            error = peer.error(call_id)
+            assert error.kind == "bad_frame" and "is not a time" in error.message
+        peer.call(99, _payload("fine"), deadline=time.time() + 5)
+        kind, rest = peer.answer(99)
+        assert kind == Kind.END and msgspec.msgpack.decode(rest[0]) == {"value": "fine"}
+        assert proc.popen.poll() is None
+
+
+def test_a_call_whose_payload_cannot_be_decoded_is_always_answered() -> None:
+    deep = b"\x81\xa5value" + b"\x91" * 5000 + b"\xc0"  # {"value": [[[...]]]}
+    ext = msgspec.msgpack.encode({"value": msgspec.msgpack.Ext(7, b"")})
+    meta = msgspec.msgpack.encode(("<f4", [2], -1, b"\x00" * 8))
+    array = msgspec.msgpack.encode({"value": msgspec.msgpack.Ext(1, meta)})
+    tensor = msgspec.msgpack.encode({"value": msgspec.msgpack.Ext(2, meta)})
+    with worker(f"{STAGES}:keep") as proc, raw_peer(proc.address) as peer:
+        for call_id, payload in enumerate([deep, ext, array, tensor, b"\xc1", b""], 1):
+            peer.call(call_id, payload)
+            error = peer.error(call_id)
+            assert error.kind == "invalid_request", error
+        assert "does not use torch" in _error_of(peer, tensor).message
+        assert "does not use numpy" in _error_of(peer, array).message
+        # What a peer sent never made the worker load a heavy module.
+        assert not loaded(proc.pid, "libtorch") and not loaded(proc.pid, "numpy")
+        assert proc.popen.poll() is None
+
+
+_ids = itertools.count(1000)
+
+
+def _error_of(peer: RawPeer, payload: bytes) -> wire.ErrorInfo:
+    call_id = next(_ids)
+    peer.call(call_id, payload)
+    return peer.error(call_id)
+
+
+def test_a_huge_credit_is_refused_and_a_peer_that_never_reads_cannot_grow_the_worker() -> None:
+    with worker(f"{STAGES}:flood") as proc:
+        with raw_peer(proc.address) as peer:
+            peer.call(1, msgspec.msgpack.encode({"size": 1024}), count=2**62)
+            assert peer.error(1).kind == "bad_frame"
+        before = rss_mb(proc.pid)
+        with raw_peer(proc.address) as hog:  # from here on it never reads
+            for call_id in range(1, 201):
+                hog.call(call_id, msgspec.msgpack.encode({"size": 1024}), count=wire.MAX_CREDIT)
+            hello = wire.encode_hello(wire.Hello(wire.PROTOCOL, ""))
+            for _ in range(100_000):
+                hog.send(Header(kind=Kind.HELLO), hello)
+            wait_for(lambda: "the caller stopped reading its replies" in proc.log(), timeout=30)
+            grown = rss_mb(proc.pid) - before
+        print(f"worker RSS {before:.0f} MB before a never-reading peer, +{grown:.0f} MB during")
+        assert grown < 150, f"the worker grew by {grown:.0f} MB"
+
+        async def still_serves() -> list[bytes]:
+            async with bls.Runtime({"flood": proc.address}):
+                got = []
+                async with bls.stage.stream("flood", {"size": 8}) as items:
+                    async for item in items:
+                        got.append(item)
+                        if len(got) == 3:
+                            break
+                return got
+
+        assert anyio.run(still_serves) == [b"x" * 8] * 3
+
+
+# -- fuzz: every decodable call is answered, the worker survives ------------------------
+
+FUZZ_EXAMPLES = int(os.environ.get("BLS_FUZZ_EXAMPLES", "1500"))
+_values = st.recursive(
+    st.none() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8), st.lists, max_leaves=8
+)
+_floats = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 1e300]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.just(0.0),
+    st.floats(min_value=0, max_value=4e9),
+)
+
+
+def test_fuzzed_frames_never_kill_the_worker_and_every_call_is_answered() -> None:
+    with worker(f"{STAGES}:keep") as proc, raw_peer(proc.address) as peer:
+        calls = itertools.count(1)
+        frames = 0
+
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            phases=[Phase.generate],  # report the very frame that broke it, unshrunk
+        )
+        @given(
+            kind=st.one_of(st.just(Kind.CALL), st.integers(-3, 12)),  # calls, mostly
+            deadline=_floats,
+            count=st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(-2, 2000)),
+            payload=st.one_of(st.builds(_payload, _values), st.binary(max_size=64)),
+            junk=st.lists(st.binary(max_size=16), max_size=3),
+            stranger=st.booleans(),
+        )
+        def example(
+            kind: int,
+            deadline: float,
+            count: int,
+            payload: bytes,
+            junk: list[bytes],
+            stranger: bool,
+        ) -> None:
+            nonlocal frames
+            assert proc.popen.poll() is None, "the previous example killed the worker"
+            call_id = next(calls)
+            to = "someone-else" if stranger else peer.info.instance
+            header = Header(kind=kind, call=call_id, deadline=deadline, count=count, to=to)
+            peer.send(header, payload, *junk)
+            if junk:  # and a frame that is no message at all
+                peer.sock.send_multipart(junk)
+                frames += 1
+            frames += 1
+            if kind == Kind.CALL:  # a call with a decodable header: always answered
+                final, _ = peer.answer(call_id)
+                assert final in (Kind.END, Kind.ERROR)
+
+        example()
+        print(f"{frames} fuzzed frames; the worker is alive and answered every call")
+        assert proc.popen.poll() is None
+        peer.call(next(calls), _payload("after the fuzz"))
+        assert peer.answer(next(calls) - 1)[0] == Kind.END
+
+
+# -- callers that stall -----------------------------------------------------------------
+
+
+def test_a_caller_whose_event_loop_stalls_10s_keeps_its_remote_call() -> None:
+    with worker(f"{STAGES}:sleep") as proc:
+        out = run_bls(
+            "run",
+            KEEP,
+            "--entry",
+            "stall",
+            "--input",
+            json.dumps({"seconds": 11.5, "block": 10.5}),
+            "--bind",
+            f"sleep={proc.address}",
+            timeout=60,
+        )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"value": "slept"}
+
+
+def test_a_caller_silent_past_the_workers_bound_is_told_what_happened(tmp_path: Path) -> None:
+    config = tmp_path / "short.toml"
+    config.write_text("[transport]\ncaller_dead_after_s = 1.0\n")
+    with worker(f"{STAGES}:sleep", "--config", str(config)) as proc:
+        out = run_bls(
+            "run",
+            KEEP,
+            "--entry",
+            "stall",
+            "--input",
+            json.dumps({"seconds": 6, "block": 3}),
+            "--bind",
+            f"sleep={proc.address}",
+            timeout=60,
+        )
+    assert out.returncode == 1
+    assert "heard nothing from the caller for 1s and presumed it dead" in out.stderr
+    assert "cancelled by the caller" not in out.stderr
+
+
+# -- HTTP intake ------------------------------------------------------------------------
+
+
+@contextmanager
+def serving(*extra: str, backend: str = "asyncio") -> Iterator[Proc]:
+    proc = start(["serve", KEEP, "--port", "0", "--backend", backend, *extra])
+    try:
+        yield proc
+    finally:
+        stop(proc.popen)
+
+
+def test_values_beyond_the_wires_limits_get_the_same_422_inline_and_remote() -> None:
+    deep = "[" * 150 + "]" * 150
+    deeper = "[" * 5000 + "]" * 5000
+    bodies = [
+        '{"value": 1180591620717411303424}',  # 2**70
+        '{"value": [1, {"a": -9223372036854775809}]}',  # -2**63 - 1
+        '{"value": ' + deep + "}",
+        '{"value": ' + deeper + "}",
+        '{"value": [18446744073709551615, -9223372036854775808]}',  # the extremes: fine
+    ]
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    with worker(f"{STAGES}:keep") as keep:
+        for mode, extra in (("inline", []), ("remote", ["--bind", f"keep={keep.address}"])):
+            with serving(*extra) as server:
+                answers[mode] = [
+                    _post(f"{server.address}/v1/scripts/keep", body) for body in bodies
+                ]
+    assert answers["inline"] == answers["remote"]
+    statuses = [status for status, _ in answers["inline"]]
+    assert statuses == [422, 422, 422, 422, 200]
+    paths = [body["error"]["path"] for _, body in answers["inline"][:3]]
+    assert paths == ["$.value", "$.value[1].a", "$.value" + "[0]" * 99]
+
+
+def _post(url: str, body: str) -> tuple[int, Any]:
+    r = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    return r.status_code, r.json()
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_body_that_stalls_gets_408_and_frees_its_admission_slot(backend: str) -> None:
+    with serving("--max-inflight", "2", "--body-timeout", "1", backend=backend) as server:
+        url = urlsplit(server.address)
+        trickles = []
+        for _ in range(2):  # all the slots: headers, then part of a body, then nothing
+            sock = socket.create_connection((url.hostname, url.port), timeout=30)
+            sock.sendall(
+                b"POST /v1/scripts/keep HTTP/1.1\r\nHost: x\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"value":'
+            )
+            trickles.append(sock)
+        try:
+            for sock in trickles:
+                answer = sock.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+                assert b"did not arrive within 1s" in answer
+            ok = httpx.post(f"{server.address}/v1/scripts/keep", json={"value": 1}, timeout=10)
+            assert ok.status_code == 200 and ok.json() == {"value": 1}
+        finally:
+            for sock in trickles:
+                sock.close()
