@@ -27,7 +27,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import anyio
@@ -690,22 +690,22 @@ class Frontend:
             frame = _sse_item
             end = b"event: end\ndata: {}\n\n"
         content_type = _NDJSON if ndjson else _SSE
-        async with self.runtime.run_stream(entry, req) as items:
-            await self._stream(send, items, request, content_type, frame)
+        await self._stream(send, entry, req, request, content_type, frame)
         await send({"type": "http.response.body", "body": end})
 
     async def _stream(
         self,
         send: Send,
-        items: AsyncIterator[Any],
+        entry: Script,
+        req: Any,
         request: _Request,
         content_type: bytes,
         frame: Callable[[Any], bytes],
         opening: bytes = b"",
     ) -> None:
-        """Send items as they come (an item framed as ``b""`` is skipped). Headers, then
-        ``opening``, wait for the first item, so an error before it still gets its own
-        status code."""
+        """Run ``entry`` and send each item as the script yields it, from the script's
+        own task (an item framed as ``b""`` is skipped). Headers, then ``opening``, wait
+        for the first item, so an error before it still gets its own status code."""
 
         async def begin() -> None:
             await _start(send, 200, request.id.encode(), content_type, stream=True)
@@ -714,13 +714,17 @@ class Frontend:
             if opening:
                 await send({"type": "http.response.body", "body": opening, "more_body": True})
 
-        async for item in items:
+        async def sink(item: Any) -> None:
             body = frame(item)
-            if not body:
-                continue
-            if not request.streamed:
-                await begin()
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+            if body:
+                if not request.streamed:
+                    await begin()
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+
+        if entry.streaming:
+            await self.runtime.feed(entry, req, sink)
+        else:  # a unary chat entry: its answer is the one item
+            await sink(await self.runtime.run(entry, req))
         if not request.streamed:  # an empty stream: headers, then the end
             await begin()
 
@@ -740,10 +744,12 @@ class Frontend:
         tally = chat.Tally()
         if not getattr(req, "stream", False):
             if entry.streaming:
-                parts = []
-                async with self.runtime.run_stream(entry, req) as items:
-                    async for item in items:
-                        parts.append(tally.add(item)[0])
+                parts: list[str] = []
+
+                async def collect(item: Any) -> None:
+                    parts.append(tally.add(item)[0])
+
+                await self.runtime.feed(entry, req, collect)
                 text = "".join(parts)
             else:
                 text = tally.add(await self.runtime.run(entry, req))[0]
@@ -761,12 +767,7 @@ class Frontend:
             return chunks.finish(finish) if finish is not None else b""
 
         request.error_frame = _data_error
-        if entry.streaming:
-            async with self.runtime.run_stream(entry, req) as items:
-                await self._stream(send, items, request, _SSE, frame, chunks.role())
-        else:
-            item = await self.runtime.run(entry, req)
-            await self._stream(send, _one(item), request, _SSE, frame, chunks.role())
+        await self._stream(send, entry, req, request, _SSE, frame, chunks.role())
         last = b"" if tally.finish_reason else chunks.finish("stop")
         usage = tally.usage()
         options = getattr(req, "stream_options", None) or {}
@@ -793,10 +794,6 @@ class Frontend:
                 self._idle = anyio.Event()
                 await self._idle.wait()
         return False
-
-
-async def _one(value: Any) -> AsyncIterator[Any]:
-    yield value
 
 
 def _sse_item(item: Any) -> bytes:

@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import math
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from types import TracebackType
 from typing import Any
@@ -328,6 +328,29 @@ class Runtime:
         finally:
             _current.reset(token)
             reset_deadline(deadline)
+
+    async def feed(self, entry: Script, req: Any, sink: Callable[[Any], Awaitable[None]]) -> None:
+        """Run a streaming entry in the calling task, awaiting ``sink(item)`` for each item
+        as the script yields it (no buffering: a slow sink pauses the script).
+
+        For a caller whose whole use of an item is one await, such as an HTTP frontend
+        writing it out: unlike :meth:`run_stream`, no task runs beside the caller and no
+        item is handed between tasks. The request's deadline and cancellation are the
+        caller's own scopes. ``sink`` runs while the script is suspended at its ``yield``,
+        inside whatever scopes the script holds there, as :meth:`run_stream`'s hand-over
+        does. An error in the script, or in ``sink``, is raised here after the script's
+        generator is closed.
+        """
+        if not entry.streaming:
+            raise TypeError(f"entry {entry.name!r} is unary: use run()")
+        req = entry.coerce(req)
+        token = _current.set(self)
+        try:
+            async with aclosing(entry.fn(req)) as agen:
+                async for item in agen:
+                    await sink(item)
+        finally:
+            _current.reset(token)
 
     @asynccontextmanager
     async def run_stream(

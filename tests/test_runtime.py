@@ -314,3 +314,36 @@ async def test_options_are_validated_against_the_workers_options_type() -> None:
         bls.InlineBinding("s", Sized, options={"size": "big"})
     with pytest.raises(TypeError, match="takes no options"):
         bls.InlineBinding("c", Counter, options={"x": 1})
+
+
+@bls.script
+async def countdown(req: helpers.Text) -> AsyncIterator[str]:
+    try:
+        for word in req.text.split():
+            if word == "boom":
+                raise ValueError("boom")
+            yield (await bls.stage("upper", helpers.Text(text=word))).text
+    finally:
+        helpers.probe.finished += 1
+
+
+async def test_feed_hands_each_item_to_the_sink_in_order_and_closes_the_script() -> None:
+    helpers.probe.reset()
+    got: list[str] = []
+
+    async def sink(item: str) -> None:
+        got.append(item)
+
+    async with bls.Runtime({"upper": helpers.upper}) as rt:
+        await rt.feed(countdown, {"text": "a b c"}, sink)
+        assert got == ["A", "B", "C"]
+        with pytest.raises(ValueError, match="boom"):
+            await rt.feed(countdown, {"text": "a boom"}, sink)
+
+        async def full(item: str) -> None:
+            raise OSError("the client went away")
+
+        with pytest.raises(OSError):
+            await rt.feed(countdown, {"text": "x y"}, full)
+    assert got == ["A", "B", "C", "A"]
+    assert helpers.probe.finished == 3  # the script's finally ran every time
