@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/transport.py
 	$(BIN)/python bench/http.py
 	$(BIN)/python bench/models.py
+	$(BIN)/python bench/openai.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -2,8 +2,8 @@
 
 A :class:`Binding` is the one interface between the runtime and whatever does the work.
 This module holds the interface and the inline kind (an in-process function, async
-generator, :class:`bls.Worker` or script). The remote kind lives in ``bls.transport``
-and plugs in through :func:`binding_for` without the script layer knowing.
+generator, :class:`bls.Worker` or script). The remote kind lives in ``bls.transport``;
+:func:`bls.config.binding_for` chooses between them, so this module never imports it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ from .errors import InvalidRequest, StageError
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
 from .worker import Worker
 
-__all__ = ["Binding", "InlineBinding", "binding_for", "load_target", "worker_error"]
-
-REMOTE_SCHEMES = ("tcp://", "ipc://", "inproc://")
+__all__ = ["Binding", "InlineBinding", "load_target", "worker_error"]
 
 
 class Binding:
@@ -326,31 +324,3 @@ def load_target(target: str, base: Path | None = None) -> Any:
         except AttributeError:
             raise ValueError(f"{module_part} has no attribute {attr!r} (from {target!r})") from None
     return obj
-
-
-def is_remote(target: str) -> bool:
-    return any(part.strip().startswith(REMOTE_SCHEMES) for part in target.split(","))
-
-
-def binding_for(
-    name: str,
-    target: Any,
-    *,
-    options: Mapping[str, Any] | None = None,
-    base: Path | None = None,
-    settings: Any = None,
-) -> Binding:
-    """Make the binding for ``target``: a Binding, an object, a ``module:attr`` string,
-    or one or more comma-separated ``tcp://``/``ipc://`` addresses (remote replicas)."""
-    if isinstance(target, Binding):
-        return target
-    if isinstance(target, (list, tuple)) or (isinstance(target, str) and is_remote(target)):
-        from bls.transport.client import RemoteBinding
-
-        addrs = target if isinstance(target, (list, tuple)) else target.split(",")
-        return RemoteBinding(name, [a.strip() for a in addrs if a.strip()], settings=settings)
-    if isinstance(target, str):
-        return InlineBinding(
-            name, load_target(target, base), options=options, description=f"inline {target}"
-        )
-    return InlineBinding(name, target, options=options)

@@ -10,93 +10,34 @@ child processes) is sent to stderr by :func:`claim_stdout`.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import anyio
 import msgspec
 
-from . import __version__
+from . import __version__, commands
 from .config import ConfigError
+from .console import (
+    add_backend_arg,
+    add_binding_args,
+    add_common_args,
+    claim_stdout,
+    emit,
+    setup_logging,
+)
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .runtime import BindingError
 
 __all__ = ["main"]
 
-BACKENDS = ("asyncio", "trio")
-
 
 class UsageError(Exception):
     """Bad command-line input (not a stage failure)."""
-
-
-_results: BinaryIO | None = None
-
-
-def claim_stdout() -> None:
-    """Keep the real stdout for results and point file descriptor 1 at stderr.
-
-    Libraries print progress to stdout (the tokenizer trainer, C extensions, engine
-    subprocesses that inherit the descriptor); after this, all of that lands on stderr
-    and only :func:`emit` writes to what the user pipes into ``jq``.
-    """
-    global _results
-    if _results is not None:
-        return
-    sys.stdout.flush()
-    _results = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-
-
-def emit(line: bytes | str) -> None:
-    """Write one result line to stdout (see :func:`claim_stdout`)."""
-    out = _results if _results is not None else sys.stdout.buffer
-    out.write((line.encode() if isinstance(line, str) else line) + b"\n")
-    out.flush()
-
-
-def setup_logging(level: str, *, libraries: str | None = None) -> None:
-    """Log to stderr: ``level`` for bls, ``libraries`` (default the same) for the rest."""
-    logging.basicConfig(
-        level=getattr(logging, (libraries or level).upper()),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("bls").setLevel(getattr(logging, level.upper()))
-
-
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    """What every command takes."""
-    p.add_argument(
-        "--traceback",
-        action="store_true",
-        help="show the full traceback of an error (also: BLS_TRACEBACK=1)",
-    )
-
-
-def _add_binding_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--bind",
-        action="append",
-        default=[],
-        metavar="NAME=TARGET",
-        help="bind a stage: module:attr, file.py:attr, or tcp://HOST:PORT[,tcp://...] "
-        "(repeatable; wins over bls.toml and --config)",
-    )
-    p.add_argument(
-        "--config", metavar="FILE", help="a bls.toml to apply over the one beside the script"
-    )
-
-
-def _add_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
-    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -129,8 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         "libraries log warnings and up)",
     )
     add_common_args(run)
-    _add_binding_args(run)
-    _add_backend_arg(run)
+    add_binding_args(run)
+    add_backend_arg(run)
 
     check = sub.add_parser(
         "check",
@@ -141,15 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("script", help="path to the script file")
     add_common_args(check)
-    _add_binding_args(check)
+    add_binding_args(check)
 
-    for register in _EXTRA_COMMANDS:
+    for register in commands.PARSERS:
         register(sub)
     return parser
-
-
-# Commands defined by other modules (worker, serve, keygen) add themselves here.
-_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
 def _read_input(spec: str | None) -> bytes:
@@ -237,8 +174,6 @@ def _describe_error(exc: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bls`` console script."""
-    from . import commands  # noqa: F401 - registers worker/serve/keygen
-
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

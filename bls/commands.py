@@ -1,6 +1,6 @@
-"""The commands that live beside their subsystems: ``worker``, ``keygen`` (and ``serve``).
+"""The commands that live beside their subsystems: ``worker``, ``serve``, ``keygen``.
 
-Each adds its parser to the ``bls`` command through ``cli._EXTRA_COMMANDS``.
+:data:`PARSERS` add their parsers to the ``bls`` command (:mod:`bls.cli`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from . import cli
+from . import console
 from .config import ConfigError
 
 
@@ -91,9 +91,9 @@ def _add_worker(sub: Any) -> None:
     )
     p.add_argument("--max-frame-bytes", type=int, metavar="N", help="largest request accepted")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    cli.add_common_args(p)
-    cli._add_binding_args(p)
-    cli._add_backend_arg(p)
+    console.add_common_args(p)
+    console.add_binding_args(p)
+    console.add_backend_arg(p)
     p.set_defaults(handler=_cmd_worker)
 
 
@@ -105,8 +105,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from .entry import Script
     from .runtime import Runtime
 
-    cli.claim_stdout()
-    cli.setup_logging(args.log_level)
+    console.claim_stdout()
+    console.setup_logging(args.log_level)
     if args.max_inflight < 1 or (args.max_inflight_per_caller or 1) < 1:
         raise ConfigError("--max-inflight and --max-inflight-per-caller must be at least 1")
     if args.curve_allow and not args.curve_secret:
@@ -142,7 +142,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             settings=config.transport,
             curve_secret=args.curve_secret,
             curve_allow=args.curve_allow,
-            on_ready=lambda addr: cli.emit(f"ready {addr}"),
+            on_ready=lambda addr: console.emit(f"ready {addr}"),
         ),
         backend=args.backend,
     )
@@ -221,9 +221,9 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    cli.add_common_args(p)
-    cli._add_binding_args(p)
-    cli._add_backend_arg(p)
+    console.add_common_args(p)
+    console.add_binding_args(p)
+    console.add_backend_arg(p)
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -232,8 +232,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .http import Limits
     from .server import serve
 
-    cli.claim_stdout()
-    cli.setup_logging(args.log_level)
+    console.claim_stdout()
+    console.setup_logging(args.log_level)
     if args.no_access_log:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     for flag, value, least in (
@@ -268,7 +268,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             args.port,
             limits,
             server=args.server,
-            on_ready=lambda url: cli.emit(f"ready {url}"),
+            on_ready=lambda url: console.emit(f"ready {url}"),
         ),
         backend=args.backend,
         backend_options=options,
@@ -287,7 +287,7 @@ def _add_keygen(sub: Any) -> None:
     )
     p.add_argument("name", help="key name, e.g. worker or client")
     p.add_argument("--dir", default=".", help="where to write the files (default: .)")
-    cli.add_common_args(p)
+    console.add_common_args(p)
     p.set_defaults(handler=_cmd_keygen)
 
 
@@ -295,9 +295,9 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     from bls.transport.keys import generate
 
     public, secret = generate(args.dir, args.name)
-    cli.emit(f"public {public}")
-    cli.emit(f"secret {secret}")
+    console.emit(f"public {public}")
+    console.emit(f"secret {secret}")
     return 0
 
 
-cli._EXTRA_COMMANDS.extend([_add_worker, _add_serve, _add_keygen])
+PARSERS = [_add_worker, _add_serve, _add_keygen]

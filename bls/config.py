@@ -10,24 +10,31 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from .bindings import Binding, binding_for, is_remote
+from .bindings import Binding, InlineBinding, load_target
+from .cache import CachedBinding, CacheOptions
+from .transport.settings import TransportConfig
 
 __all__ = [
+    "REMOTE_SCHEMES",
     "ConfigError",
     "StageConfig",
+    "TransportConfig",
+    "binding_for",
     "check_names",
+    "is_remote",
     "load_config",
     "make_bindings",
     "parse_bind",
 ]
 
 CONFIG_NAME = "bls.toml"
+REMOTE_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 class ConfigError(ValueError):
@@ -51,18 +58,6 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
             return [self.remote] if isinstance(self.remote, str) else list(self.remote)
         assert self.inline is not None
         return self.inline
-
-
-class TransportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``[transport]`` in ``bls.toml``: settings for remote bindings."""
-
-    heartbeat_s: float = 0.25
-    dead_after_s: float = 1.0  # a caller declares a silent worker lost after this
-    caller_dead_after_s: float = 15.0  # a worker gives up on a silent caller after this
-    connect_timeout_s: float = 5.0
-    max_frame_bytes: int = 256 * 1024 * 1024
-    curve_server_key: str | None = None
-    curve_secret: str | None = None
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True):
@@ -179,6 +174,34 @@ def load_config(
     return merged
 
 
+def is_remote(target: str) -> bool:
+    return any(part.strip().startswith(REMOTE_SCHEMES) for part in target.split(","))
+
+
+def binding_for(
+    name: str,
+    target: Any,
+    *,
+    options: Mapping[str, Any] | None = None,
+    base: Path | None = None,
+    settings: Any = None,
+) -> Binding:
+    """Make the binding for ``target``: a Binding, an object, a ``module:attr`` string,
+    or one or more comma-separated ``tcp://``/``ipc://`` addresses (remote replicas)."""
+    if isinstance(target, Binding):
+        return target
+    if isinstance(target, (list, tuple)) or (isinstance(target, str) and is_remote(target)):
+        from .transport.client import RemoteBinding  # zmq only for remote stages
+
+        addrs = target if isinstance(target, (list, tuple)) else target.split(",")
+        return RemoteBinding(name, [a.strip() for a in addrs if a.strip()], settings=settings)
+    if isinstance(target, str):
+        return InlineBinding(
+            name, load_target(target, base), options=options, description=f"inline {target}"
+        )
+    return InlineBinding(name, target, options=options)
+
+
 def check_names(config: Config, used: Iterable[str], script: str | Path) -> None:
     """Refuse a binding for a stage the script never uses: a typo would otherwise leave
     the real stage bound as before, silently. The error suggests the closest name.
@@ -206,8 +229,6 @@ def check_names(config: Config, used: Iterable[str], script: str | Path) -> None
 
 
 def _cached(name: str, stage: StageConfig, binding: Binding) -> Binding:
-    from .cache import CachedBinding, CacheOptions
-
     try:
         options = msgspec.convert(stage.cache, CacheOptions)
         identity = {"stage": name, "target": stage.target(), "options": stage.options}

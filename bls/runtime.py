@@ -19,8 +19,9 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .bindings import Binding, binding_for
+from .bindings import Binding
 from .check import StageUse
+from .config import binding_for
 from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature, compatible, type_name
@@ -184,7 +185,7 @@ class Runtime:
     """The bindings for a process, entered as an async context manager.
 
     ``bindings`` maps stage names to :class:`Binding` objects or to anything
-    :func:`bls.bindings.binding_for` accepts (a function, a Worker, ``"module:attr"``,
+    :func:`bls.config.binding_for` accepts (a function, a Worker, ``"module:attr"``,
     ``"tcp://host:port"``). Entering opens every binding, checks declared types
     (:class:`BindingError` on any mismatch, before any set-up), then sets the workers
     up; leaving tears them down, also on error or cancellation.

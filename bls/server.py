@@ -24,11 +24,9 @@ import anyio.abc
 from .app import App
 from .http import Frontend, Limits
 
-__all__ = ["SERVERS", "serve"]
+__all__ = ["serve"]
 
 log = logging.getLogger("bls.serve")
-
-SERVERS = ("auto", "uvicorn", "hypercorn")
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -139,10 +139,6 @@ def note(*, replica: str = "", bytes_out: int = 0, bytes_in: int = 0, items: int
     span.items += items
 
 
-def current_span() -> Span | None:
-    return _span.get()
-
-
 def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, kind) for a span that ended with ``exc``."""
     if isinstance(exc, DeadlineExceeded) or (

@@ -132,8 +132,18 @@ async def test_concurrent_identical_misses_are_computed_once() -> None:
 
 
 async def test_a_cancelled_computation_is_taken_over_by_a_waiter() -> None:
-    enc = Encoder()
-    binding = cached(enc.one)
+    first_started = anyio.Event()
+    calls = 0
+
+    async def encode(req: Image) -> Vector:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            first_started.set()
+            await anyio.sleep_forever()  # this computation's caller will go away
+        return Vector(values=[float(b) for b in req.pixels])
+
+    binding = cached(encode)
     async with bls.Runtime({"encoder": binding}):
         result: list[Vector] = []
 
@@ -143,12 +153,12 @@ async def test_a_cancelled_computation_is_taken_over_by_a_waiter() -> None:
         async with anyio.create_task_group() as tg:
             async with anyio.create_task_group() as inner:
                 inner.start_soon(stage, "encoder", Image(pixels=b"late"))  # computes it
-                await anyio.sleep(0.003)
-                tg.start_soon(waiter)  # waits for that computation
-                await anyio.sleep(0.003)
+                await first_started.wait()
+                tg.start_soon(waiter)
+                await anyio.wait_all_tasks_blocked()  # the waiter waits on that computation
                 inner.cancel_scope.cancel()  # the computing caller goes away
         assert result == [Vector(values=[108.0, 97.0, 116.0, 101.0])]
-    assert enc.calls == 2
+    assert calls == 2
 
 
 async def test_errors_are_shared_not_cached() -> None:

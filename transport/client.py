@@ -24,7 +24,6 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bls.bindings import Binding
-from bls.config import TransportConfig
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
 from bls.messages import Signature, shape
 from bls.timeouts import current_deadline
@@ -33,6 +32,7 @@ from bls.tracing import active, decode_spans, note
 from . import wire
 from .keys import client_curve
 from .liveness import ticks
+from .settings import TransportConfig
 from .sockets import AsyncSocket
 from .wire import ErrorInfo, Header, Hello, Kind, WorkerInfo
 
@@ -42,7 +42,6 @@ log = logging.getLogger("bls.transport")
 
 # Test hook: when true, cancelled calls send no cancel frame (the worker must still stop
 # the call at its deadline).
-DROP_CANCEL_FOR_TESTS = False
 
 _CANCELLED_TRACES_MAX = 1024  # acknowledgements a lost worker never sends are forgotten
 WINDOW = 128  # stream items a worker may send ahead of the consumer (the memory bound)
@@ -231,7 +230,7 @@ class Connection:
         self.calls.pop(call.id, None)
         if not call.done:
             call.done = True
-            if self.alive and not DROP_CANCEL_FOR_TESTS:
+            if self.alive:
                 self._send(Kind.CANCEL, call.id)
                 ctx = active()
                 if ctx is not None:

@@ -180,24 +180,43 @@ async def test_leaving_a_stream_early_cancels_the_remote_handler(tmp_path: Path)
             assert marker.read_text().split()[0] in ("cancelled", "closed")
 
 
-@pytest.mark.anyio
-async def test_worker_stops_at_the_deadline_without_a_cancel_frame(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(transport_client, "DROP_CANCEL_FOR_TESTS", True)
+def test_worker_stops_at_the_deadline_without_a_cancel_frame(tmp_path: Path) -> None:
+    import msgspec
+    import zmq
+
+    from bls.transport import wire
+
     marker = tmp_path / "slow"
     with worker(f"{STAGES}:slow") as proc:
-        async with bls.Runtime({"slow": proc.address}):
+        # A caller that sends its call with a deadline and then nothing, not even a cancel.
+        peer = zmq.Context.instance().socket(zmq.DEALER)
+        peer.setsockopt(zmq.LINGER, 0)
+        peer.connect(proc.address)
+        try:
+            hello = wire.encode_hello(wire.Hello(wire.PROTOCOL, "slow"))
+            peer.send_multipart([wire.encode_header(wire.Header(kind=wire.Kind.HELLO)), hello])
+            info = wire.decode_info(peer.recv_multipart()[1])
             start = time.time()
-            with pytest.raises(bls.DeadlineExceeded):
-                async with bls.timeout(0.4):
-                    await stage("slow", Mark(marker=str(marker), seconds=30))
-            await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=3))
+            header = wire.Header(
+                kind=wire.Kind.CALL, call=1, deadline=start + 0.4, to=info.instance
+            )
+            request = msgspec.msgpack.encode(Mark(marker=str(marker), seconds=30))
+            peer.send_multipart([wire.encode_header(header), request])
+            wait_for(marker.exists, timeout=3)
+            answer = None
+            while answer is None and peer.poll(3000):
+                parsed = wire.parse(peer.recv_multipart())
+                assert parsed is not None
+                if parsed[0].kind == wire.Kind.ERROR:
+                    answer = wire.decode_error(parsed[1][0])
+        finally:
+            peer.close(linger=0)
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0
     what, when = marker.read_text().split()
     assert what == "cancelled"
     assert 0.3 < float(when) - start < 1.5
+    assert answer is not None and answer.kind == "deadline"
     assert proc.stats()["deadline"] == 1 and proc.stats()["cancelled"] == 0
 
 
@@ -388,10 +407,11 @@ def test_keygen_and_curve_refuse_unknown_callers(tmp_path: Path) -> None:
     (allowed / "client.key").write_text((keys / "client.key").read_text())
 
     def config(who: str) -> str:
+        # Key paths relative to the config file (the tests run from the repository root).
         path = tmp_path / f"{who}.toml"
         path.write_text(
             "[transport]\nconnect_timeout_s = 1.0\n"
-            f'curve_server_key = "{keys}/server.key"\ncurve_secret = "{keys}/{who}.key_secret"\n'
+            f'curve_server_key = "keys/server.key"\ncurve_secret = "keys/{who}.key_secret"\n'
         )
         return str(path)
 

@@ -1,0 +1,89 @@
+"""The console: stdout for results, stderr for everything else; the flags every command shares.
+
+``claim_stdout`` keeps the real stdout for :func:`emit` and points file descriptor 1 at
+stderr, so nothing a library, a C extension or a child process prints can land between
+the results a user pipes into ``jq``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import BinaryIO
+
+__all__ = [
+    "BACKENDS",
+    "add_backend_arg",
+    "add_binding_args",
+    "add_common_args",
+    "claim_stdout",
+    "emit",
+    "setup_logging",
+]
+
+BACKENDS = ("asyncio", "trio")
+
+_results: BinaryIO | None = None
+
+
+def claim_stdout() -> None:
+    """Keep the real stdout for results and point file descriptor 1 at stderr.
+
+    Libraries print progress to stdout (the tokenizer trainer, C extensions, engine
+    subprocesses that inherit the descriptor); after this, all of that lands on stderr
+    and only :func:`emit` writes to what the user pipes into ``jq``.
+    """
+    global _results
+    if _results is not None:
+        return
+    sys.stdout.flush()
+    _results = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+
+
+def emit(line: bytes | str) -> None:
+    """Write one result line to stdout (see :func:`claim_stdout`)."""
+    out = _results if _results is not None else sys.stdout.buffer
+    out.write((line.encode() if isinstance(line, str) else line) + b"\n")
+    out.flush()
+
+
+def setup_logging(level: str, *, libraries: str | None = None) -> None:
+    """Log to stderr: ``level`` for bls, ``libraries`` (default the same) for the rest."""
+    logging.basicConfig(
+        level=getattr(logging, (libraries or level).upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("bls").setLevel(getattr(logging, level.upper()))
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """What every command takes."""
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        help="show the full traceback of an error (also: BLS_TRACEBACK=1)",
+    )
+
+
+def add_binding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        metavar="NAME=TARGET",
+        help="bind a stage: module:attr, file.py:attr, or tcp://HOST:PORT[,tcp://...] "
+        "(repeatable; wins over bls.toml and --config)",
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="a bls.toml to apply over the one beside the script"
+    )
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
+    )
