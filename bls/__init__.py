@@ -2,18 +2,21 @@
 
 Write the pipeline as a plain async function; every ``await stage("name", req)`` goes
 to whatever the configuration binds that name to, in process or over ZeroMQ.
+
+This namespace is the API scripts and programs use. Code that implements a new kind of
+binding uses :mod:`bls.bindings` (``Binding``, ``InlineBinding``) and
+:mod:`bls.runtime` (``StageStream``).
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from .batching import batch
-from .bindings import Binding, InlineBinding
 from .chat import ChatMessage, ChatRequest
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import collect, gather, map, race
 from .messages import Message
-from .runtime import BindingError, Runtime, StageStream
+from .runtime import BindingError, Runtime
 from .stages import Stage, StreamStage, stage
 from .timeouts import timeout
 from .worker import Worker
@@ -24,12 +27,10 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
-    "Binding",
     "BindingError",
     "ChatMessage",
     "ChatRequest",
     "DeadlineExceeded",
-    "InlineBinding",
     "InvalidRequest",
     "Message",
     "Runtime",
@@ -37,7 +38,6 @@ __all__ = [
     "Stage",
     "StageError",
     "StageNotBound",
-    "StageStream",
     "StreamStage",
     "Worker",
     "__version__",

@@ -12,6 +12,7 @@ from helpers import Shout, Text, probe
 
 import bls
 from bls import stage
+from bls.bindings import InlineBinding
 
 pytestmark = pytest.mark.anyio
 
@@ -308,12 +309,12 @@ async def test_options_are_validated_against_the_workers_options_type() -> None:
         async def __call__(self, req: Text) -> int:
             return self.options.size
 
-    async with bls.Runtime({"s": bls.InlineBinding("s", Sized, options={"size": "3"})}):
+    async with bls.Runtime({"s": InlineBinding("s", Sized, options={"size": "3"})}):
         assert await stage("s", Text(text="")) == 3
     with pytest.raises(TypeError, match=r"stage 's': bad option .* at \$.size"):
-        bls.InlineBinding("s", Sized, options={"size": "big"})
+        InlineBinding("s", Sized, options={"size": "big"})
     with pytest.raises(TypeError, match="takes no options"):
-        bls.InlineBinding("c", Counter, options={"x": 1})
+        InlineBinding("c", Counter, options={"x": 1})
 
 
 @bls.script

@@ -1,6 +1,6 @@
 """The caller's side: remote bindings over DEALER sockets, one per replica.
 
-A :class:`RemoteBinding` is a :class:`bls.Binding` like any other: the script layer
+A :class:`RemoteBinding` is a :class:`bls.bindings.Binding` like any other: the script layer
 cannot tell it from an inline one. Each replica is a :class:`Connection` with its own
 DEALER socket, a reader task, a monitor socket (a dead peer is noticed the moment its
 TCP/IPC connection drops) and heartbeats (a hung peer is noticed after

@@ -14,6 +14,7 @@ import pytest
 
 import bls
 from bls import stage
+from bls.runtime import StageStream
 from bls.transport import client as transport_client
 
 from .cli import BLS, ROOT, run_bls
@@ -246,7 +247,7 @@ async def test_sigkill_mid_stream_fails_fast_and_survivor_takes_new_calls(tmp_pa
             a.signal(signal.SIGKILL)
             failed_after: list[float] = []
 
-            async def consume(items: bls.StageStream) -> None:
+            async def consume(items: StageStream) -> None:
                 async with items:
                     try:
                         async for _ in items:
