@@ -11,12 +11,12 @@ binding uses :mod:`bls.bindings` (``Binding``, ``InlineBinding``) and
 from importlib.metadata import PackageNotFoundError, version
 
 from .batching import batch
-from .chat import ChatMessage, ChatRequest
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import collect, gather, map, race
 from .messages import Message
 from .runtime import BindingError, Runtime
+from .serve.chat import ChatMessage, ChatRequest
 from .stages import Stage, StreamStage, stage
 from .timeouts import timeout
 from .worker import Worker

@@ -229,8 +229,8 @@ def _add_serve(sub: Any) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .app import App
-    from .http import Limits
-    from .server import serve
+    from .serve.intake import Limits
+    from .serve.server import serve
 
     console.claim_stdout()
     console.setup_logging(args.log_level)

@@ -19,14 +19,16 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 import bls
-from bls.chat import conversation
+from bls.serve.chat import conversation
 
 __all__ = [
     "GenerateItem",
@@ -120,6 +122,13 @@ def engine_environment() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM names its sockets BASE/<uuid> (BASE: the temp directory by default), and a Unix
+    # socket's path holds 107 bytes at most: under a long TMPDIR, use a short private one.
+    base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
+    if len(base) > 60:
+        short = Path("/tmp") / f"bls-vllm-{os.getuid()}"
+        short.mkdir(mode=0o700, exist_ok=True)
+        os.environ["VLLM_RPC_BASE_PATH"] = str(short)
 
 
 _ids = itertools.count(1)

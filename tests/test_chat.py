@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 import bls
-from bls import chat
+from bls.serve import chat
 
 
 def frames(data: bytes) -> list[dict[str, object] | str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bls.http import _AsyncioScope
+from bls.serve.intake import _AsyncioScope
 
 
 def test_request_scope_expires_cancels_and_ignores_late_cancels() -> None:

@@ -1,4 +1,4 @@
-"""Request traces exported as OpenTelemetry spans (bls.otel)."""
+"""Request traces exported as OpenTelemetry spans (bls.serve.otel)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from bls.otel import Exporter
+from bls.serve.otel import Exporter
 from bls.tracing import Span, Trace
 
 

@@ -80,9 +80,10 @@ def test_timeline_page_draws_every_span(traced: tuple[Proc, str], tmp_path: Path
     dom = chromium(tmp_path, "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr
     html = dom.stdout
-    # The request, its 4 calls, and the worker-side span of each of them.
+    # The request, its 4 calls (3 to slow, 1 to whoami), and each one's worker-side span.
     assert html.count('class="row span"') == 9
-    assert html.count('data-name="whoami"') == 6
+    assert html.count('data-name="slow"') == 6
+    assert html.count('data-name="whoami"') == 2
     assert 'data-name="slow" data-outcome="cancelled" data-depth="1"' in html
     assert 'data-outcome="ok" data-depth="2" data-remote="true"' in html
     assert "✕ cancelled" in html

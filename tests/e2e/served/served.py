@@ -88,8 +88,8 @@ async def total(req: Order) -> int:
 
 @bls.script
 async def fanout(req: Ask) -> Reply:
-    """Two calls side by side, then a race whose slow loser is cancelled."""
-    first, second = await bls.gather(whoami(Job()), whoami(Job()))
+    """Two 50 ms calls side by side, then a race whose slow loser is cancelled."""
+    first, second = await bls.gather(slow(Job(seconds=0.05)), slow(Job(seconds=0.05)))
     winner = await bls.race(slow(Job(marker=req.marker, seconds=30)), whoami(Job()))
     return Reply(text=f"{first.pid} {second.pid}", pid=winner.pid)
 

@@ -21,8 +21,9 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .app import App
-from .http import Frontend, Limits
+from ..app import App
+from .app import Frontend
+from .intake import Limits
 
 __all__ = ["serve"]
 

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from .tracing import Span
+from ..tracing import Span
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -172,7 +172,7 @@ def _histograms(
 
 
 def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
-    from .cache import CachedBinding
+    from ..cache import CachedBinding
 
     cached = {n: b.stats for n, b in bindings.items() if isinstance(b, CachedBinding)}
     if not cached:

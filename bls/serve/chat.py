@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-from .errors import InvalidRequest
-from .messages import Message
+from ..errors import InvalidRequest
+from ..messages import Message
 
 __all__ = ["ChatMessage", "ChatRequest", "Tally", "conversation", "unsupported"]
 

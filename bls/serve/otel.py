@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .config import ConfigError
-from .tracing import Trace
+from ..config import ConfigError
+from ..tracing import Trace
 
 __all__ = ["Exporter", "from_environment"]
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from .entry import Script
-from .messages import json_schema
+from ..entry import Script
+from ..messages import json_schema
 
 __all__ = ["document", "entry_schemas"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .tracing import Span, Trace
+from ..tracing import Span, Trace
 
 __all__ = ["index_page", "summary", "trace_page"]
 

@@ -1,0 +1,138 @@
+"""Response framing, the one place that knows the bytes of an answer: JSON bodies, SSE and
+NDJSON stream items, the error body and the status each exception is answered with."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import msgspec
+
+from ..errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+
+__all__ = ["HttpError", "error_for", "respond", "send_error", "start"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+JSON = b"application/json"
+SSE = b"text/event-stream"
+NDJSON = b"application/x-ndjson"
+_encode = msgspec.json.encode
+
+
+class HttpError(Exception):
+    """An error answered with ``status`` and the JSON error body."""
+
+    def __init__(
+        self,
+        status: int,
+        type: str,
+        message: str,
+        *,
+        stage: str | None = None,
+        path: str | None = None,
+        kind: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+        self.stage = stage
+        self.path = path
+        self.kind = kind
+        self.headers = headers or []
+
+    def body(self) -> bytes:
+        error: dict[str, Any] = {
+            "type": self.type,
+            "message": self.message,
+            "stage": self.stage,
+            "path": self.path,
+        }
+        if self.kind is not None:
+            error["kind"] = self.kind
+        return _encode({"error": error})
+
+
+def error_for(exc: BaseException) -> HttpError:
+    """The HTTP answer for an exception a request ended with."""
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return error_for(exc.exceptions[0])
+    if isinstance(exc, HttpError):
+        return exc
+    if isinstance(exc, DeadlineExceeded):
+        return HttpError(504, "deadline_exceeded", str(exc))
+    if isinstance(exc, StageError) and exc.kind == "deadline":
+        return HttpError(504, "deadline_exceeded", str(exc), stage=exc.stage)
+    if isinstance(exc, StageError):
+        path = exc.path if isinstance(exc, InvalidRequest) else None
+        if exc.kind in ("unavailable", "overloaded"):
+            return HttpError(
+                503, "stage_unavailable", exc.message, stage=exc.stage, path=path, kind=exc.kind
+            )
+        return HttpError(502, "stage_error", exc.message, stage=exc.stage, path=path, kind=exc.kind)
+    if isinstance(exc, StageNotBound):
+        return HttpError(500, "not_bound", str(exc), stage=exc.stage)
+    return HttpError(500, "internal", f"the script failed: {type(exc).__name__}: {exc}")
+
+
+def sse_item(item: Any) -> bytes:
+    return b"data: " + _encode(item) + b"\n\n"
+
+
+def ndjson_item(item: Any) -> bytes:
+    return _encode(item) + b"\n"
+
+
+def sse_error(error: HttpError) -> bytes:
+    return b"event: error\ndata: " + error.body() + b"\n\n"
+
+
+def ndjson_error(error: HttpError) -> bytes:
+    return error.body() + b"\n"
+
+
+def data_error(error: HttpError) -> bytes:
+    # OpenAI-style streams carry errors as a data event (clients read error.message).
+    return b"data: " + error.body() + b"\n\n"
+
+
+async def start(
+    send: Send,
+    status: int,
+    request_id: bytes,
+    content_type: bytes,
+    *,
+    length: int | None = None,
+    stream: bool = False,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-type", content_type), (b"x-request-id", request_id)]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    if stream:
+        headers.append((b"cache-control", b"no-cache"))
+        headers.append((b"x-accel-buffering", b"no"))
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    request_id: bytes,
+    content_type: bytes = JSON,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    await start(send, status, request_id, content_type, length=len(body), extra=extra)
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: HttpError, request_id: bytes) -> None:
+    await respond(send, error.status, error.body(), request_id, extra=error.headers)

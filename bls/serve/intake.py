@@ -1,0 +1,292 @@
+"""Request intake: the limits, the request's own scope (its deadline, a disconnect, the
+end of a drain), its id, and reading and bounding its body and deadline header."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import msgspec
+
+from ..errors import InvalidRequest
+from .framing import HttpError, Message, Receive, Scope, Send, sse_error
+
+__all__ = ["Limits", "Request", "new_scope", "read_body", "request_id", "request_timeout"]
+
+log = logging.getLogger("bls.http")
+
+# How long a request runs before a task starts watching for its client's disconnect.
+_WATCH_AFTER = 0.002
+
+# Request ids: random per process, then a counter (os.urandom per request costs more).
+_ID_PREFIX = os.urandom(4).hex().encode()
+_ids = itertools.count(1)
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    """The frontend's bounds, from ``bls serve``'s flags."""
+
+    max_inflight: int = 64  # accepted requests at once; more get 429
+    request_timeout: float | None = 300.0  # upper bound of any request's deadline
+    max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413, unread
+    body_timeout: float = 10.0  # a body that takes longer to arrive gets 408
+    grace: float = 30.0  # seconds in-flight requests get on SIGTERM
+    trace_keep: int = 100  # finished request traces kept for /debug/requests
+
+
+def invalid(exc: InvalidRequest) -> HttpError:
+    return HttpError(422, "invalid_request", exc.message, stage=exc.stage, path=exc.path)
+
+
+class Request:
+    """What one accepted request's handling shares with its disconnect watcher."""
+
+    __slots__ = (
+        "disconnected",
+        "error_frame",
+        "finishing",
+        "id",
+        "scope",
+        "shutdown",
+        "status",
+        "streamed",
+    )
+
+    def __init__(self, request_id: str, scope: _Scope) -> None:
+        self.id = request_id
+        self.scope = scope  # the request's deadline, disconnect and drain
+        self.disconnected = False
+        self.shutdown = False
+        self.finishing = False  # the last body message is being sent
+        self.status = 0
+        self.streamed = False
+        # How an error is framed once a stream has started (SSE by default).
+        self.error_frame: Callable[[HttpError], bytes] = sse_error
+
+
+class _Scope:
+    """The request's cancel scope on trio: anyio's (trio's own, underneath)."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self) -> None:
+        self._scope = anyio.CancelScope()
+
+    def expire_after(self, seconds: float) -> None:
+        """Set the deadline (before entering)."""
+        self._scope.deadline = anyio.current_time() + seconds
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+    @property
+    def cancelled_caught(self) -> bool:
+        return self._scope.cancelled_caught
+
+    async def __aenter__(self) -> None:
+        self._scope.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        return bool(self._scope.__exit__(*exc))
+
+
+class _AsyncioScope(_Scope):
+    """The same on asyncio, with ``asyncio.timeout``: an anyio scope around a server's
+    task costs more there than all the rest of a small request (it is not a task anyio
+    started). Scripts inside still use anyio; a native cancel reaches them like any."""
+
+    __slots__ = ("_cancel_early", "_caught", "_exited", "_timeout", "_when")
+
+    def __init__(self) -> None:
+        self._when: float | None = None
+        self._timeout: asyncio.Timeout | None = None
+        self._caught = False
+        self._cancel_early = False
+        self._exited = False
+
+    def expire_after(self, seconds: float) -> None:
+        self._when = asyncio.get_running_loop().time() + seconds
+
+    def cancel(self) -> None:
+        """Cancel the request now; before it starts, as it starts; after it ends, never
+        (a drain may reach a request that is still sending its answer)."""
+        if self._timeout is None:
+            self._cancel_early = True
+        elif not self._exited and not self._timeout.expired():
+            self._timeout.reschedule(-1.0)  # expire now
+
+    @property
+    def cancelled_caught(self) -> bool:
+        return self._caught
+
+    async def __aenter__(self) -> None:
+        self._timeout = asyncio.timeout_at(self._when)
+        await self._timeout.__aenter__()
+        if self._cancel_early:
+            self.cancel()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        assert self._timeout is not None
+        self._exited = True
+        try:
+            await self._timeout.__aexit__(*exc)
+        except TimeoutError:
+            self._caught = True
+            return True
+        return False
+
+
+def new_scope(asyncio_loop: bool) -> _Scope:
+    """A request's scope for the running event loop."""
+    return _AsyncioScope() if asyncio_loop else _Scope()
+
+
+class Disconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+async def _watch(receive: Receive, request: Request) -> None:
+    """Cancel the request when its client goes away (the body has been read already).
+
+    Servers also report a disconnect once the response is complete; that one is not the
+    client leaving early, so it is ignored once the last body message is on its way.
+    """
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not request.finishing:
+                    request.disconnected = True
+                    request.scope.cancel()
+                return
+    except Exception:  # the server gave up on the connection: nothing left to watch
+        log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
+
+
+def watch_disconnect(receive: Receive, request: Request) -> Callable[[], object]:
+    """Start :func:`_watch` beside the request; returns what stops it.
+
+    On asyncio this is a bare task, started only once the request has run for
+    ``_WATCH_AFTER`` seconds: a task per request costs more than the rest of a small
+    request put together, and one that ends sooner has nothing left to cancel. The
+    watcher needs none of a task group's guarantees (it never raises, and is always
+    stopped before the request's handler returns).
+    """
+    if isinstance(request.scope, _AsyncioScope):
+        loop = asyncio.get_running_loop()
+        started: list[asyncio.Task[None]] = []
+        timer = loop.call_later(
+            _WATCH_AFTER, lambda: started.append(loop.create_task(_watch(receive, request)))
+        )
+
+        def stop() -> None:
+            timer.cancel()
+            if started:
+                started[0].cancel()
+
+        return stop
+    import trio
+
+    stopper = trio.CancelScope()
+
+    async def watch() -> None:
+        with stopper:
+            await _watch(receive, request)
+
+    trio.lowlevel.spawn_system_task(watch)
+    return stopper.cancel
+
+
+def tracking(send: Send, request: Request) -> Send:
+    """``send`` that marks the request as finishing before its last body message."""
+
+    async def tracked(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            request.finishing = True
+        await send(message)
+
+    return tracked
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, seconds: float, asyncio_loop: bool
+) -> bytes:
+    """The whole body: 413 past ``limit`` bytes (before reading when Content-Length says
+    so), 408 when it has not all arrived within ``seconds``, :class:`Disconnected` when
+    the client leaves first."""
+    try:
+        if asyncio_loop:
+            async with asyncio.timeout(seconds):
+                return await _body(scope, receive, limit)
+        with anyio.fail_after(seconds):
+            return await _body(scope, receive, limit)
+    except TimeoutError:
+        raise HttpError(
+            408,
+            "body_timeout",
+            f"the request body did not arrive within {seconds:g}s",
+            headers=[(b"connection", b"close")],
+        ) from None
+
+
+async def _body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    length = header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise HttpError(
+            413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def request_timeout(scope: Scope, bound: float | None) -> float | None:
+    """The request's deadline in seconds: ``X-Request-Timeout`` capped by ``bound``; 400
+    for a header that is not a positive number."""
+    raw = header(scope, b"x-request-timeout")
+    if raw is None:
+        return bound
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        given = raw.decode(errors="replace")
+        raise HttpError(
+            400,
+            "invalid_header",
+            f"X-Request-Timeout must be a positive number of seconds, got {given!r}",
+            path="X-Request-Timeout",
+        )
+    return seconds if bound is None else min(seconds, bound)
+
+
+def request_id(scope: Scope) -> bytes:
+    """The client's ``X-Request-Id`` when it sent a sane one, else a new id."""
+    given = header(scope, b"x-request-id")
+    if given and len(given) <= 128 and given.isascii():
+        return given
+    return b"%s%08x" % (_ID_PREFIX, next(_ids))
