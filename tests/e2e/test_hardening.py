@@ -247,19 +247,25 @@ def test_fuzzed_frames_never_kill_the_worker_and_every_call_is_answered() -> Non
 # -- callers that stall -----------------------------------------------------------------
 
 
+def _stall(worker_address: str, seconds: float, block: float) -> Any:
+    """``bls run`` of an entry whose remote call takes ``seconds`` while its own event
+    loop is blocked for ``block`` seconds."""
+    return run_bls(
+        "run",
+        KEEP,
+        "--entry",
+        "stall",
+        "--input",
+        json.dumps({"seconds": seconds, "block": block}),
+        "--bind",
+        f"sleep={worker_address}",
+        timeout=60,
+    )
+
+
 def test_a_caller_whose_event_loop_stalls_10s_keeps_its_remote_call() -> None:
     with worker(f"{STAGES}:sleep") as proc:
-        out = run_bls(
-            "run",
-            KEEP,
-            "--entry",
-            "stall",
-            "--input",
-            json.dumps({"seconds": 11.5, "block": 10.5}),
-            "--bind",
-            f"sleep={proc.address}",
-            timeout=60,
-        )
+        out = _stall(proc.address, seconds=11.5, block=10.5)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"value": "slept"}
 
@@ -268,17 +274,7 @@ def test_a_caller_silent_past_the_workers_bound_is_told_what_happened(tmp_path: 
     config = tmp_path / "short.toml"
     config.write_text("[transport]\ncaller_dead_after_s = 1.0\n")
     with worker(f"{STAGES}:sleep", "--config", str(config)) as proc:
-        out = run_bls(
-            "run",
-            KEEP,
-            "--entry",
-            "stall",
-            "--input",
-            json.dumps({"seconds": 6, "block": 3}),
-            "--bind",
-            f"sleep={proc.address}",
-            timeout=60,
-        )
+        out = _stall(proc.address, seconds=6, block=3)
     assert out.returncode == 1
     assert "heard nothing from the caller for 1s and presumed it dead" in out.stderr
     assert "cancelled by the caller" not in out.stderr
