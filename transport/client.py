@@ -267,7 +267,7 @@ class Connection:
                 call.spans = header.spans
             call.put(kind, rest)
         elif kind == Kind.HEARTBEAT:
-            instance = bytes(rest[0]).decode(errors="replace")
+            instance = wire.decode_heartbeat(rest[0])
             if self.info is not None and instance != self.info.instance:
                 self._lost("the worker restarted")
                 self._send_hello()

@@ -263,6 +263,15 @@ def decode_info(payload: Any) -> WorkerInfo:
     return _info_codec.decode(payload)
 
 
+def encode_heartbeat(instance: str) -> bytes:
+    """A worker's heartbeat payload: its instance id (a change means it restarted)."""
+    return instance.encode()
+
+
+def decode_heartbeat(payload: Any) -> str:
+    return bytes(payload).decode(errors="replace")
+
+
 def encode_hello(hello: Hello) -> bytes:
     return bytes(_hello_codec.encode(hello)[0])
 

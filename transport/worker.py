@@ -148,7 +148,7 @@ class WorkerServer:
             instance=self.instance,
             max_inflight=max_inflight,
         )
-        self._instance_frame = self.instance.encode()
+        self._heartbeat = wire.encode_heartbeat(self.instance)
 
     @property
     def inflight(self) -> int:
@@ -289,7 +289,7 @@ class WorkerServer:
             if state.wake is not None:
                 state.wake.set()
         elif kind == Kind.HEARTBEAT:
-            self._send(client, Kind.HEARTBEAT, 0, [self._instance_frame])
+            self._send(client, Kind.HEARTBEAT, 0, [self._heartbeat])
         elif kind == Kind.HELLO:
             self._on_hello(client, rest)
         else:
