@@ -33,7 +33,9 @@ _ERROR = {
 }
 
 _ERRORS = {
+    "400": "the X-Request-Timeout header is not a positive number of seconds",
     "404": "no such entry",
+    "408": "the body did not arrive within the body timeout",
     "413": "the body is over the size limit",
     "422": "the body is not valid JSON or not of the request type (error.path names the field)",
     "429": "over the in-flight limit; retry after Retry-After seconds",

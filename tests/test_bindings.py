@@ -1,0 +1,67 @@
+"""Inline bindings: what a target is turned into, and the errors a worker's code raises."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+import bls
+from bls.bindings import InlineBinding, load_target, worker_error
+
+pytestmark = pytest.mark.anyio
+
+
+class Opts(msgspec.Struct, forbid_unknown_fields=True):
+    size: int = 1
+
+
+class Sized(bls.Worker):
+    Options = Opts
+
+    async def __call__(self, req: str) -> str:
+        return req * self.options.size
+
+
+async def letters(req: str) -> AsyncIterator[str]:
+    for c in req:
+        yield c
+
+
+async def test_a_worker_class_is_set_up_with_validated_options() -> None:
+    binding = InlineBinding("s", Sized, options={"size": 2})
+    await binding.open()
+    await binding.start()
+    assert await binding.invoke("ab") == "abab"
+    await binding.aclose()
+    with pytest.raises(TypeError, match="size"):
+        InlineBinding("s", Sized, options={"size": "big"})
+
+
+async def test_a_stream_is_called_in_its_own_mode_only() -> None:
+    binding = InlineBinding("letters", letters)
+    await binding.open()
+    assert binding.signature.streaming
+    assert [c async for c in binding.stream("hi")] == ["h", "i"]
+    with pytest.raises(bls.StageError) as info:
+        await binding.call("hi")
+    assert info.value.kind == "wrong_mode"
+
+
+def test_a_workers_exception_becomes_a_stage_error_naming_the_stage() -> None:
+    err = worker_error("encoder", ValueError("bad pixels"))
+    assert (err.stage, err.kind, err.message) == ("encoder", "ValueError", "bad pixels")
+    assert err.remote_traceback and "ValueError: bad pixels" in err.remote_traceback
+    unnamed = worker_error("generator", bls.InvalidRequest("", "no prompt", "$.prompt"))
+    assert unnamed.stage == "generator"  # a worker that does not know its name
+
+
+def test_targets_name_a_module_or_a_file_and_an_attribute(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "w.py").write_text("async def f(req: str) -> str:\n    return req\n")
+    assert load_target(f"{tmp_path}/w.py:f").__name__ == "f"
+    assert load_target("bls.models.tiny:build").__name__ == "build"
+    with pytest.raises(ValueError, match="must look like"):
+        load_target("no-colon")
+    with pytest.raises(ValueError, match="has no attribute 'g'"):
+        load_target(f"{tmp_path}/w.py:g")

@@ -1,0 +1,86 @@
+"""Bindings configuration: bls.toml, --config and --bind, merged and checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bls.config import ConfigError, check_names, load_config, parse_bind
+
+
+def _script(folder: Path, toml: str = "") -> Path:
+    script = folder / "app.py"
+    script.write_text("")
+    if toml:
+        (folder / "bls.toml").write_text(toml)
+    return script
+
+
+def test_later_sources_win_and_moving_a_stage_keeps_its_options(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        '[stages.gen]\ninline = "m:a"\noptions = { size = 3 }\ncache = { capacity_mb = 8 }\n'
+        '[stages.judge]\ninline = "m:judge"\n',
+    )
+    override = tmp_path / "prod.toml"
+    override.write_text('[stages.judge]\nremote = "tcp://10.0.0.5:5555"\n')
+    config = load_config(script, override, ["gen=tcp://127.0.0.1:5555,tcp://127.0.0.1:5556"])
+    gen, judge = config.stages["gen"], config.stages["judge"]
+    assert gen.target() == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556"]
+    assert gen.options == {"size": 3} and gen.cache == {"capacity_mb": 8}
+    assert judge.target() == ["tcp://10.0.0.5:5555"]
+
+
+def test_relative_paths_are_resolved_against_the_file_that_names_them(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    script = _script(tmp_path, '[stages.a]\ninline = "stages.py:a"\n')
+    other = tmp_path / "conf" / "keys.toml"
+    other.write_text('[transport]\ncurve_server_key = "k/w.key"\ncurve_secret = "k/c.key_secret"\n')
+    config = load_config(script, other)
+    assert config.stages["a"].base == str(tmp_path.resolve())
+    assert config.transport.curve_server_key == str(tmp_path.resolve() / "conf/k/w.key")
+    assert config.transport.curve_secret == str(tmp_path.resolve() / "conf/k/c.key_secret")
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            '[stages.a]\ninline = "m:a"\nremote = "tcp://h:1"\n',
+            "exactly one of 'inline' or 'remote'",
+        ),
+        ('[stages.a]\ninlin = "m:a"\n', "unknown field `inlin`"),
+        ('[stages.a]\nremote = "h:5555"\n', "write tcp://h:5555"),
+        ('[stages.a]\nremote = "udp://h:1"\n', "needs a scheme"),
+        ("[stages\n", "invalid TOML"),
+        ("[transport]\nheartbeat = 1\n", "unknown field `heartbeat`"),
+    ],
+)
+def test_mistakes_in_a_file_are_named_with_the_file(
+    tmp_path: Path, toml: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_script(tmp_path, toml))
+    assert message in str(info.value) and "bls.toml" in str(info.value)
+
+
+def test_a_bind_needs_a_name_and_a_scheme_for_an_address() -> None:
+    with pytest.raises(ConfigError, match="expected NAME=TARGET"):
+        parse_bind("judge")
+    with pytest.raises(ConfigError, match=r"write tcp://127\.0\.0\.1:5555"):
+        parse_bind("judge=127.0.0.1:5555")
+    name, stage = parse_bind(" judge = tcp://a:1 , ipc:///x ")
+    assert (name, stage.target()) == ("judge", ["tcp://a:1", "ipc:///x"])
+
+
+def test_unknown_stage_names_are_refused_with_the_closest_one(tmp_path: Path) -> None:
+    script = _script(tmp_path, '[stages.other_scripts_stage]\ninline = "m:x"\n')
+    check_names(load_config(script), ["judge"], script)  # a shared file may bind others
+    typo = load_config(script, binds=["jduge=m:y"])
+    with pytest.raises(ConfigError, match=r"no stage 'jduge' .*did you mean 'judge'\?"):
+        check_names(typo, ["judge", "draft"], script)
+    (tmp_path / "b").mkdir()
+    near = _script(tmp_path / "b", '[stages.jugde]\ninline = "m:x"\n')  # a near miss
+    with pytest.raises(ConfigError, match="did you mean 'judge'"):
+        check_names(load_config(near), ["judge"], near)
