@@ -117,8 +117,8 @@ def test_streaming_entry_answers_ndjson_when_asked(http: httpx.Client) -> None:
 
 def test_items_arrive_as_they_are_produced(http: httpx.Client) -> None:
     """The first event is readable while the worker is still producing the rest."""
+    started = time.monotonic()  # before the request: a server that buffered would be late
     with http.stream("POST", "/v1/scripts/count", json={"text": "", "n": 3, "seconds": 1.0}) as r:
-        started = time.monotonic()
         first = next(r.iter_lines())
         assert first == 'data: {"i":0}'
         assert time.monotonic() - started < 0.9
@@ -190,8 +190,10 @@ def test_streamed_body_over_the_limit_gets_413(workers: dict[str, Proc]) -> None
 
 
 def test_wrong_method_and_unknown_route(http: httpx.Client) -> None:
-    assert http.get("/v1/scripts/greet").status_code == 405
-    assert http.post("/health").status_code == 405
+    wrong = http.get("/v1/scripts/greet")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    health = http.post("/health")
+    assert health.status_code == 405 and health.headers["allow"] == "GET"
     r = http.get("/nowhere")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
 
@@ -210,6 +212,20 @@ def test_stage_error_is_502_naming_the_stage(http: httpx.Client) -> None:
         "path": None,
         "kind": "ValueError",
     }
+
+
+def test_a_script_that_raises_is_a_500_without_its_traceback(
+    http: httpx.Client, server: Proc
+) -> None:
+    r = http.post("/v1/scripts/oops", json={"text": "x"})
+    assert r.status_code == 500
+    error = r.json()["error"]
+    assert error["type"] == "internal"
+    assert error["message"] == "the script failed: RuntimeError: a bug in the script"
+    assert "Traceback" not in r.text
+    rid = r.headers["x-request-id"]
+    wait_for(lambda: any(f"request {rid}" in line for line in server.lines))
+    assert "Traceback" in server.log()  # the log has it
 
 
 def test_deadline_header_reaches_the_remote_worker(http: httpx.Client, tmp_path: Path) -> None:
@@ -232,8 +248,11 @@ def test_bad_deadline_header_is_400(http: httpx.Client) -> None:
     assert r.json()["error"]["path"] == "X-Request-Timeout"
 
 
-def test_request_timeout_flag_bounds_the_header(workers: dict[str, Proc], tmp_path: Path) -> None:
-    with serve(*_binds(workers), "--request-timeout", "0.3") as proc:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_request_timeout_flag_bounds_the_header(
+    workers: dict[str, Proc], tmp_path: Path, backend: str
+) -> None:
+    with serve(*_binds(workers), "--request-timeout", "0.3", backend=backend) as proc:
         started = time.monotonic()
         r = httpx.post(
             f"{proc.address}/v1/scripts/wait",
@@ -258,6 +277,19 @@ def test_error_after_the_stream_started_ends_it_with_an_error_event(
     assert events[0] == ("message", '{"i":0}')
     assert events[-1][0] == "error"
     assert json.loads(events[-1][1])["error"]["type"] == "deadline_exceeded"
+    assert _metric(http.get("/metrics").text, "bls_cancellations_total", reason="deadline") >= 1
+
+
+def test_an_ndjson_stream_ends_an_error_with_an_error_line(http: httpx.Client) -> None:
+    r = http.post(
+        "/v1/scripts/count",
+        json={"text": "", "n": 100, "seconds": 0.2},
+        headers={"X-Request-Timeout": "0.5", "Accept": "application/x-ndjson"},
+    )
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert lines[0] == {"i": 0}
+    assert lines[-1]["error"]["type"] == "deadline_exceeded"
 
 
 # -- disconnect = cancel --------------------------------------------------------------
@@ -307,7 +339,7 @@ def _status_of(http: httpx.Client, rid: str) -> int:
 
 
 def test_a_stream_left_by_break_closes_its_span_and_counts(http: httpx.Client) -> None:
-    before = _metric(http.get("/metrics").text, "bls_stage_calls_total", stage="ticks")
+    before = _metric(http.get("/metrics").text, "bls_stage_calls_total", 0.0, stage="ticks")
     r = http.post("/v1/scripts/first", json={"text": "", "n": 1000, "seconds": 0.01})
     assert r.status_code == 200 and r.json() == {"i": 0}
     rid = r.headers["x-request-id"]
@@ -348,8 +380,11 @@ def test_disconnect_mid_request_cancels_the_remote_handler(server: Proc, tmp_pat
 # -- admission control and drain ------------------------------------------------------
 
 
-def test_burst_over_max_inflight_gets_429(workers: dict[str, Proc], tmp_path: Path) -> None:
-    with serve(*_binds(workers), "--max-inflight", "2") as proc:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_burst_over_max_inflight_gets_429(
+    workers: dict[str, Proc], tmp_path: Path, backend: str
+) -> None:
+    with serve(*_binds(workers), "--max-inflight", "2", backend=backend) as proc:
         socks = []
         for i in range(2):
             socks.append(
@@ -380,8 +415,11 @@ def test_burst_over_max_inflight_gets_429(workers: dict[str, Proc], tmp_path: Pa
         )
 
 
-def test_sigterm_drains_in_flight_requests(workers: dict[str, Proc], tmp_path: Path) -> None:
-    with serve(*_binds(workers), "--grace", "20") as proc:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sigterm_drains_in_flight_requests(
+    workers: dict[str, Proc], tmp_path: Path, backend: str
+) -> None:
+    with serve(*_binds(workers), "--grace", "20", backend=backend) as proc:
         results: list[httpx.Response] = []
 
         def call(i: int) -> None:
@@ -457,12 +495,15 @@ def test_unreachable_remote_stage_is_reported_at_start() -> None:
 # -- metrics, listing, OpenAPI --------------------------------------------------------
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
+def _metric(text: str, name: str, missing: float | None = None, **labels: str) -> float:
+    """A sample's value; a sample that is not there fails, unless ``missing`` stands in
+    for it (a counter before its first event)."""
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     for line in text.splitlines():
         if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(name + " ")):
             return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    assert missing is not None, f"no {name}{{{want}}} in the metrics"
+    return missing
 
 
 def test_metrics_counters_move(http: httpx.Client) -> None:
@@ -475,7 +516,7 @@ def test_metrics_counters_move(http: httpx.Client) -> None:
     text = after.text
 
     def moved(name: str, **labels: str) -> float:
-        return _metric(text, name, **labels) - _metric(before, name, **labels)
+        return _metric(text, name, **labels) - _metric(before, name, 0.0, **labels)
 
     assert moved("bls_requests_total", entry="greet", status="200") == 3
     assert moved("bls_requests_total", entry="fail", status="502") == 1
@@ -488,7 +529,17 @@ def test_metrics_counters_move(http: httpx.Client) -> None:
 
 def test_scripts_listing_and_openapi(http: httpx.Client) -> None:
     listing = {s["name"]: s for s in http.get("/v1/scripts").json()["scripts"]}
-    assert set(listing) == {"greet", "wait", "count", "first", "fail", "total", "fanout", "chat"}
+    assert set(listing) == {
+        "greet",
+        "wait",
+        "count",
+        "first",
+        "fail",
+        "oops",
+        "total",
+        "fanout",
+        "chat",
+    }
     assert listing["count"]["streaming"] is True
     assert listing["chat"]["openai"] == "chat"
     assert "text" in json.dumps(listing["greet"]["request"])

@@ -511,3 +511,17 @@ def test_a_bad_worker_option_is_named_before_anything_starts() -> None:
     assert done.returncode == 1
     assert "max_model_len" in done.stderr or "bogus" in done.stderr
     assert "VllmOptions" in done.stderr or "VllmWorker" in done.stderr
+
+
+def test_a_worker_serving_another_stage_name_is_refused_at_start() -> None:
+    with worker("examples/hello_stages.py:judge", "--stage", "judge") as proc:
+        out = run_bls(
+            "run",
+            "examples/hello.py",
+            "--input",
+            '{"text": "hi"}',
+            "--bind",
+            f"draft={proc.address}",
+        )
+    assert out.returncode == 1
+    assert "this worker serves stage 'judge', not 'draft'" in out.stderr

@@ -82,6 +82,11 @@ async def fail(req: Ask) -> Reply:
 
 
 @bls.script
+async def oops(req: Ask) -> Reply:
+    raise RuntimeError("a bug in the script")
+
+
+@bls.script
 async def total(req: Order) -> int:
     return sum(part.n for part in req.parts)
 
