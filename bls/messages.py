@@ -102,6 +102,8 @@ def beyond_limits(value: Any) -> tuple[str, str] | None:
 
     Checked where requests come in (HTTP, ``bls run``), so that a request is refused the
     same way whether its stages are bound in process or remote."""
+    if _within(value, 0):  # every request pays this; only a refused one the paths below
+        return None
     stack: list[tuple[Any, str, int]] = [(value, "$", 0)]
     while stack:
         v, path, depth = stack.pop()
@@ -110,7 +112,7 @@ def beyond_limits(value: Any) -> tuple[str, str] | None:
             if not _INT_MIN <= v <= _INT_MAX:
                 return "integer out of range: bls carries 64-bit integers", path
             continue
-        if t is str or t is bytes or t is float or t is bool or v is None:
+        if t in _SCALARS or v is None:
             continue
         if depth >= MAX_DEPTH:
             return f"nested deeper than {MAX_DEPTH} levels", path
@@ -121,6 +123,32 @@ def beyond_limits(value: Any) -> tuple[str, str] | None:
         elif isinstance(v, msgspec.Struct):
             stack.extend((getattr(v, f), f"{path}.{f}", depth + 1) for f in v.__struct_fields__)
     return None
+
+
+_SCALARS = frozenset({str, bytes, float, bool})
+
+
+def _within(v: Any, depth: int) -> bool:
+    t = type(v)
+    if t is int:
+        return _INT_MIN <= v <= _INT_MAX
+    if t in _SCALARS or v is None:
+        return True
+    if depth >= MAX_DEPTH:
+        return False
+    if t is list or t is tuple:
+        items: Any = v
+    elif t is dict:
+        items = v.values()
+    elif isinstance(v, msgspec.Struct):
+        items = msgspec.structs.astuple(v)
+    else:
+        return True
+    depth += 1
+    for x in items:
+        if not _within(x, depth):
+            return False
+    return True
 
 
 def type_name(tp: Any) -> str:

@@ -274,32 +274,38 @@ class Frontend:
                     f"the server is at its limit of {self.limits.max_inflight} requests in flight",
                     headers=[(b"retry-after", b"1")],
                 )
-            # The body arrives under its own, shorter deadline (and the request's): a
-            # client that trickles it holds its admission slot no longer than that.
+            # One cancel scope for the request: first the body's own, shorter deadline
+            # (a client that trickles its body holds its admission slot no longer than
+            # that), then the request's deadline, which also travels with every remote
+            # call; a disconnect and the end of a drain cancel it too.
             timeout = request_timeout(scope, self.limits.request_timeout)
             body_timeout = self.limits.body_timeout
             if timeout is not None:
                 body_timeout = min(body_timeout, timeout)
-            limit = self.limits.max_body_bytes
-            body = await read_body(scope, receive, limit, body_timeout, asyncio_loop)
-            try:
-                req = entry.decode(body)
-            except InvalidRequest as exc:
-                raise invalid(exc) from None
-            # One cancel scope for the deadline, a disconnect and the end of a drain; the
-            # deadline also travels with every remote call.
+            request.scope.expire_after(body_timeout)
+            reading = True
             deadline = None
-            if timeout is not None:
-                request.scope.expire_after(timeout)
-                deadline = deadline_at(time.time() + timeout)
-            token = activate(trace, root.id)
-            stop_watching = watch_disconnect(receive, request)
+            token = None
+            stop_watching = None
             try:
                 async with request.scope:
+                    body = await read_body(scope, receive, self.limits.max_body_bytes)
+                    reading = False
+                    request.scope.reschedule(timeout)
+                    try:
+                        req = entry.decode(body)
+                    except InvalidRequest as exc:
+                        raise invalid(exc) from None
+                    if timeout is not None:
+                        deadline = deadline_at(time.time() + timeout)
+                    token = activate(trace, root.id)
+                    stop_watching = watch_disconnect(receive, request)
                     await run(scope, tracking(send, request), entry, req, request)
             finally:
-                stop_watching()
-                deactivate(token)
+                if stop_watching is not None:
+                    stop_watching()
+                if token is not None:
+                    deactivate(token)
                 reset_deadline(deadline)
             if request.disconnected:
                 raise Disconnected
@@ -308,6 +314,13 @@ class Frontend:
                     self.metrics.cancelled("shutdown")
                     raise HttpError(
                         503, "draining", "the server shut down before the request ended"
+                    )
+                if reading:
+                    raise HttpError(
+                        408,
+                        "body_timeout",
+                        f"the request body did not arrive within {body_timeout:g}s",
+                        headers=[(b"connection", b"close")],
                     )
                 raise DeadlineExceeded(
                     f"request to {entry.name!r} exceeded its {timeout:g}s deadline"

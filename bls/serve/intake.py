@@ -82,6 +82,10 @@ class _Scope:
         """Set the deadline (before entering)."""
         self._scope.deadline = anyio.current_time() + seconds
 
+    def reschedule(self, seconds: float | None) -> None:
+        """Move the deadline (once entered) to ``seconds`` from now; None: no deadline."""
+        self._scope.deadline = math.inf if seconds is None else anyio.current_time() + seconds
+
     def cancel(self) -> None:
         self._scope.cancel()
 
@@ -112,6 +116,14 @@ class _AsyncioScope(_Scope):
 
     def expire_after(self, seconds: float) -> None:
         self._when = asyncio.get_running_loop().time() + seconds
+
+    def reschedule(self, seconds: float | None) -> None:
+        timeout = self._timeout
+        if timeout is None:
+            self._when = None if seconds is None else asyncio.get_running_loop().time() + seconds
+        elif not self._exited and not timeout.expired():  # a cancel stays a cancel
+            when = None if seconds is None else asyncio.get_running_loop().time() + seconds
+            timeout.reschedule(when)
 
     def cancel(self) -> None:
         """Cancel the request now; before it starts, as it starts; after it ends, never
@@ -221,28 +233,10 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(
-    scope: Scope, receive: Receive, limit: int, seconds: float, asyncio_loop: bool
-) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The whole body: 413 past ``limit`` bytes (before reading when Content-Length says
-    so), 408 when it has not all arrived within ``seconds``, :class:`Disconnected` when
-    the client leaves first."""
-    try:
-        if asyncio_loop:
-            async with asyncio.timeout(seconds):
-                return await _body(scope, receive, limit)
-        with anyio.fail_after(seconds):
-            return await _body(scope, receive, limit)
-    except TimeoutError:
-        raise HttpError(
-            408,
-            "body_timeout",
-            f"the request body did not arrive within {seconds:g}s",
-            headers=[(b"connection", b"close")],
-        ) from None
-
-
-async def _body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    so), :class:`Disconnected` when the client leaves first. How long it may take is the
+    request scope's business."""
     length = header(scope, b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise HttpError(
