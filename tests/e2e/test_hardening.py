@@ -28,7 +28,7 @@ from bls.transport import wire
 from bls.transport.wire import Header, Kind
 
 from .cli import run_bls
-from .procs import Proc, start, stop, wait_for, worker
+from .procs import serving, wait_for, worker
 
 HERE = "tests/e2e/hardening"
 STAGES = f"{HERE}/stages.py"
@@ -283,15 +283,6 @@ def test_a_caller_silent_past_the_workers_bound_is_told_what_happened(tmp_path: 
 # -- HTTP intake ------------------------------------------------------------------------
 
 
-@contextmanager
-def serving(*extra: str, backend: str = "asyncio") -> Iterator[Proc]:
-    proc = start(["serve", KEEP, "--port", "0", "--backend", backend, *extra])
-    try:
-        yield proc
-    finally:
-        stop(proc.popen)
-
-
 def test_values_beyond_the_wires_limits_get_the_same_422_inline_and_remote() -> None:
     deep = "[" * 150 + "]" * 150
     deeper = "[" * 5000 + "]" * 5000
@@ -305,7 +296,7 @@ def test_values_beyond_the_wires_limits_get_the_same_422_inline_and_remote() -> 
     answers: dict[str, list[tuple[int, Any]]] = {}
     with worker(f"{STAGES}:keep") as keep:
         for mode, extra in (("inline", []), ("remote", ["--bind", f"keep={keep.address}"])):
-            with serving(*extra) as server:
+            with serving(KEEP, *extra) as server:
                 answers[mode] = [
                     _post(f"{server.address}/v1/scripts/keep", body) for body in bodies
                 ]
@@ -339,7 +330,7 @@ def _read_response(sock: socket.socket) -> bytes:
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_body_that_stalls_gets_408_and_frees_its_admission_slot(backend: str) -> None:
-    with serving("--max-inflight", "2", "--body-timeout", "1", backend=backend) as server:
+    with serving(KEEP, "--max-inflight", "2", "--body-timeout", "1", backend=backend) as server:
         url = urlsplit(server.address)
         trickles = []
         for _ in range(2):  # all the slots: headers, then part of a body, then nothing

@@ -8,27 +8,22 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from .procs import Proc, start, stop, wait_for, worker
+from .procs import Proc, serving, start, stop, wait_for, worker
 
 SERVED = "tests/e2e/served/served.py"
 STAGES = "tests/e2e/pipelines/remote_stages.py"
 
 
-@contextmanager
-def serve(*extra: str, backend: str = "asyncio") -> Iterator[Proc]:
-    """A ``bls serve`` process on a free port for the duration of the block."""
-    proc = start(["serve", SERVED, "--port", "0", "--backend", backend, *extra])
-    try:
-        yield proc
-    finally:
-        stop(proc.popen)
+def serve(*extra: str, backend: str = "asyncio") -> AbstractContextManager[Proc]:
+    """``bls serve`` of the served script on a free port for the duration of the block."""
+    return serving(SERVED, *extra, backend=backend)
 
 
 @pytest.fixture(scope="module")
