@@ -291,7 +291,7 @@ class Frontend:
                 async with request.scope:
                     body = await read_body(scope, receive, self.limits.max_body_bytes)
                     reading = False
-                    request.scope.reschedule(timeout)
+                    request.scope.expire_after(timeout)  # now the request's own
                     try:
                         req = entry.decode(body)
                     except InvalidRequest as exc:

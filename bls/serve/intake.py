@@ -78,12 +78,8 @@ class _Scope:
     def __init__(self) -> None:
         self._scope = anyio.CancelScope()
 
-    def expire_after(self, seconds: float) -> None:
-        """Set the deadline (before entering)."""
-        self._scope.deadline = anyio.current_time() + seconds
-
-    def reschedule(self, seconds: float | None) -> None:
-        """Move the deadline (once entered) to ``seconds`` from now; None: no deadline."""
+    def expire_after(self, seconds: float | None) -> None:
+        """Set the deadline ``seconds`` from now, before entering or after; None: none."""
         self._scope.deadline = math.inf if seconds is None else anyio.current_time() + seconds
 
     def cancel(self) -> None:
@@ -114,15 +110,12 @@ class _AsyncioScope(_Scope):
         self._cancel_early = False
         self._exited = False
 
-    def expire_after(self, seconds: float) -> None:
-        self._when = asyncio.get_running_loop().time() + seconds
-
-    def reschedule(self, seconds: float | None) -> None:
+    def expire_after(self, seconds: float | None) -> None:
+        when = None if seconds is None else asyncio.get_running_loop().time() + seconds
         timeout = self._timeout
         if timeout is None:
-            self._when = None if seconds is None else asyncio.get_running_loop().time() + seconds
+            self._when = when
         elif not self._exited and not timeout.expired():  # a cancel stays a cancel
-            when = None if seconds is None else asyncio.get_running_loop().time() + seconds
             timeout.reschedule(when)
 
     def cancel(self) -> None:
