@@ -84,8 +84,9 @@ class Raw:
 PAYLOAD = b"x" * 100
 
 
-async def bls_rtt(address: str, n: int) -> float:
-    async with bls.Runtime({"echo": address}):
+async def bls_rtt(address: str, n: int, idle: dict[str, str] | None = None) -> float:
+    """Sequential unary calls; ``idle`` binds more stages that are connected, never called."""
+    async with bls.Runtime({"echo": address, **(idle or {})}):
         req = Blob(data=PAYLOAD)
         for _ in range(200):
             await stage("echo", req)
@@ -232,7 +233,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bls-bench-")
     procs: list[subprocess.Popen[str]] = []
 
-    def worker(target: str, listen: str) -> str:
+    def worker(target: str, listen: str, *extra: str) -> str:
         proc, addr = spawn(
             [
                 BLS,
@@ -242,6 +243,7 @@ def main() -> None:
                 listen,
                 "--log-level",
                 "error",
+                *extra,
             ]
         )
         procs.append(proc)
@@ -284,6 +286,19 @@ def main() -> None:
                 lambda b, w=w, n=n: on(b, bls_rtt, w, n),
             )  # type: ignore[misc]
         w, r = worker("echo", "tcp://127.0.0.1:0"), raw("tcp://127.0.0.1:0")
+        idle = {
+            f"idle{i}": worker("echo", "tcp://127.0.0.1:0", "--stage", f"idle{i}") for i in range(6)
+        }
+        n = 5000 // q
+        row(
+            "unary RTT, 100 B, 6 idle workers connected, tcp",
+            "us",
+            ".1f",
+            3,
+            True,
+            lambda: asyncio.run(raw_rtt(r, n)),
+            lambda b: on(b, bls_rtt, w, n, idle),
+        )
         n = 20000 // q
         row(
             "throughput, 64 in flight, tcp",

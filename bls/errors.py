@@ -25,6 +25,8 @@ class StageError(Exception):
     - ``"wrong_mode"``: a unary call to a streaming stage, or the reverse.
     - ``"unavailable"``: no replica could be reached, or it died mid-call.
     - ``"overloaded"``: every replica refused the call at its in-flight limit.
+    - ``"shutdown"``: the worker's grace period ran out while it ran the call (SIGTERM);
+      the call had started, so it is not retried elsewhere.
 
     ``remote_traceback`` holds the worker's traceback text when there is one.
     """

@@ -6,7 +6,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"bls": ROOT / "bls", "bls.transport": ROOT / "transport", "bls.models": ROOT / "models"}
+PACKAGES = {
+    "bls": ROOT / "bls",
+    "bls.serve": ROOT / "bls" / "serve",
+    "bls.transport": ROOT / "transport",
+    "bls.models": ROOT / "models",
+}
 
 
 def _modules() -> dict[str, Path]:

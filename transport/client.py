@@ -24,7 +24,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bls.bindings import Binding
-from bls.errors import DeadlineExceeded, InvalidRequest, StageError
+from bls.errors import InvalidRequest, StageError
 from bls.messages import Signature, shape
 from bls.timeouts import current_deadline
 from bls.tracing import active, decode_spans, note
@@ -345,20 +345,6 @@ def _resolve(path: str) -> Any:
     return obj if isinstance(obj, type) else Any
 
 
-def error_from(info: ErrorInfo, stage: str, served: str) -> Exception:
-    """The exception a script sees for a worker's error frame (same as inline).
-
-    Errors about the worker's own stage (``served``) carry the caller's name for it;
-    errors from stages the worker called itself keep theirs.
-    """
-    name = stage if info.stage == served else info.stage
-    if info.kind == "invalid_request":
-        return InvalidRequest(name, info.message, info.path or "$", info.traceback)
-    if info.kind == "deadline":
-        return DeadlineExceeded(f"stage {stage!r}: the deadline passed in the worker")
-    return StageError(name, info.kind, info.message, info.traceback)
-
-
 def _adopt(call: _Call) -> None:
     """Hang the spans a traced call's worker reported under the call's own span."""
     ctx = active()
@@ -498,7 +484,7 @@ class RemoteBinding(Binding):
         return body
 
     def error(self, info: ErrorInfo, conn: Connection) -> Exception:
-        return error_from(info, self.name, conn.info.stage if conn.info else self.name)
+        return wire.error_from(info, self.name, conn.info.stage if conn.info else self.name)
 
     def _decode(self, rest: Any, codec: wire.Codec) -> Any:
         note(bytes_in=wire.frame_sizes(rest))

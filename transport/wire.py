@@ -29,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from bls.errors import DeadlineExceeded, InvalidRequest, StageError
+
 __all__ = [
     "PROTOCOL",
     "Codec",
@@ -37,6 +39,8 @@ __all__ = [
     "Hello",
     "Kind",
     "WorkerInfo",
+    "error_from",
+    "error_info",
     "frame_sizes",
     "invalid",
     "parse",
@@ -107,6 +111,35 @@ class ErrorInfo(msgspec.Struct, frozen=True):
     message: str
     traceback: str | None = None
     path: str | None = None
+
+
+# -- errors: the one map between exceptions and error frames, both ways ---------------
+
+
+def error_info(err: StageError) -> ErrorInfo:
+    """The error frame a worker sends for ``err``."""
+    return ErrorInfo(
+        stage=err.stage,
+        kind=err.kind,
+        message=err.message,
+        traceback=err.remote_traceback,
+        path=err.path if isinstance(err, InvalidRequest) else None,
+    )
+
+
+def error_from(info: ErrorInfo, stage: str, served: str) -> Exception:
+    """The exception a caller raises for an error frame: the same one it would raise had
+    the stage run in its own process.
+
+    Errors about the worker's own stage (``served``) carry the caller's name for it
+    (``stage``); errors from stages the worker called itself keep theirs.
+    """
+    name = stage if info.stage == served else info.stage
+    if info.kind == "invalid_request":
+        return InvalidRequest(name, info.message, info.path or "$", info.traceback)
+    if info.kind == "deadline":
+        return DeadlineExceeded(f"stage {stage!r}: the deadline passed in the worker")
+    return StageError(name, info.kind, info.message, info.traceback)
 
 
 _header_encoder = msgspec.msgpack.Encoder()

@@ -25,6 +25,7 @@ import zmq
 
 from bls.bindings import InlineBinding
 from bls.errors import InvalidRequest, StageError
+from bls.lifecycle import Inflight, serve_until_signal
 from bls.messages import json_schema
 from bls.timeouts import deadline_at, reset_deadline
 from bls.tracing import Span, Trace, activate, deactivate, encode_spans, outcome_of
@@ -32,7 +33,7 @@ from bls.tracing import Span, Trace, activate, deactivate, encode_spans, outcome
 from . import wire
 from .liveness import ticks
 from .sockets import AsyncSocket
-from .wire import ErrorInfo, Header, Kind, WorkerInfo
+from .wire import Header, Kind, WorkerInfo
 
 __all__ = ["WorkerServer", "WorkerStats"]
 
@@ -66,7 +67,18 @@ class _Client(msgspec.Struct):
 
 
 class _CallState:
-    __slots__ = ("cancelled", "client", "credit", "id", "key", "lost", "scope", "trace", "wake")
+    __slots__ = (
+        "cancelled",
+        "client",
+        "credit",
+        "id",
+        "key",
+        "lost",
+        "scope",
+        "shutdown",
+        "trace",
+        "wake",
+    )
 
     def __init__(self, client: bytes, call_id: int, credit: int) -> None:
         self.client = client
@@ -77,6 +89,7 @@ class _CallState:
         self.scope: anyio.CancelScope | None = None
         self.cancelled = False
         self.lost = ""  # why the worker gave up on the caller, if it did
+        self.shutdown = False  # cut by the end of a drain
         self.trace: Trace | None = None
 
 
@@ -120,15 +133,14 @@ class WorkerServer:
         self.dead_after_s = dead_after_s
         self.stats = WorkerStats()
         self.instance = secrets.token_hex(8)
-        self.draining = False
         self._configure = configure_socket
         self._ctx = context or zmq.Context.instance()
         self._calls: dict[tuple[bytes, int], _CallState] = {}
+        self._drain = Inflight(self._calls)
         self._clients: dict[bytes, _Client] = {}
         self._sock: AsyncSocket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._ack_wanted: anyio.Event | None = None
-        self._idle: anyio.Event | None = None
         # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
         # than the call itself for small requests. At most max_inflight lanes exist.
         self._pending: collections.deque[tuple[_CallState, Any, float, float]] = collections.deque()
@@ -189,16 +201,18 @@ class WorkerServer:
 
     async def drain(self, grace: float) -> bool:
         """Refuse new calls and wait up to ``grace`` s for in-flight ones; True if all ended."""
-        self.draining = True
-        with anyio.move_on_after(grace):
-            while self._calls:
-                self._idle = anyio.Event()
-                await self._idle.wait()
-            return True
-        for state in list(self._calls.values()):
-            if state.scope is not None:
-                state.scope.cancel()
-        return False
+
+        def cancel_rest() -> None:
+            for state in list(self._calls.values()):
+                state.shutdown = True
+                if state.scope is not None:
+                    state.scope.cancel()
+
+        return await self._drain.drain(grace, cancel_rest)
+
+    @property
+    def draining(self) -> bool:
+        return self._drain.draining
 
     # -- sending ----------------------------------------------------------------------
 
@@ -229,13 +243,7 @@ class WorkerServer:
     def _send_error(
         self, client: bytes, call_id: int, err: StageError, state: _CallState | None = None
     ) -> None:
-        info = ErrorInfo(
-            stage=err.stage,
-            kind=err.kind,
-            message=err.message,
-            traceback=err.remote_traceback,
-            path=err.path if isinstance(err, InvalidRequest) else None,
-        )
+        info = wire.error_info(err)
         if state is None:
             self._send(client, Kind.ERROR, call_id, [wire.encode_error(info)])
         else:
@@ -434,6 +442,9 @@ class WorkerServer:
                 if state.lost:
                     self.stats.cancelled += 1
                     kind, why = "unavailable", state.lost
+                elif state.shutdown:
+                    self.stats.cancelled += 1
+                    kind, why = "shutdown", "the worker shut down before the call ended"
                 elif state.cancelled:
                     self.stats.cancelled += 1
                     kind, why = "cancelled", "cancelled by the caller"
@@ -452,8 +463,7 @@ class WorkerServer:
             peer = self._clients.get(client)
             if peer is not None:
                 peer.inflight -= 1
-            if not self._calls and self._idle is not None:
-                self._idle.set()
+            self._drain.left()
 
     def _encode(self, value: Any) -> list[Any]:
         try:
@@ -564,8 +574,6 @@ async def run_worker(
     on_ready: Callable[[str], None] = lambda addr: print(f"ready {addr}", flush=True),
 ) -> int:
     """``bls worker``: set up, serve until SIGTERM/SIGINT, drain for ``grace`` s, exit."""
-    import signal
-
     from .keys import server_curve
 
     authenticator = None
@@ -600,30 +608,23 @@ async def run_worker(
                 configure_socket=configure,
             )
             try:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async with anyio.create_task_group() as tg:
-                        bound = await tg.start(server.serve)
-                        on_ready(bound)
-                        async for signum in signals:
-                            log.info(
-                                "stage %r: %s: draining %d call(s) (grace %gs)",
-                                stage,
-                                signal.Signals(signum).name,
-                                server.inflight,
-                                grace,
-                            )
-                            clean = await server.drain(grace)
-                            if not clean:
-                                log.warning(
-                                    "stage %r: grace period over, cancelled the rest", stage
-                                )
-                            # Keep reading a moment while the last replies reach their
-                            # callers: closing a socket with unread input resets the TCP
-                            # connection, and a reset can discard what the caller has not
-                            # read yet.
-                            await anyio.sleep(SETTLE_S)
-                            tg.cancel_scope.cancel()
-                            break
+
+                async def stop(tg: anyio.abc.TaskGroup) -> None:
+                    # Keep reading a moment while the last replies reach their callers:
+                    # closing a socket with unread input resets the TCP connection, and a
+                    # reset can discard what the caller has not read yet.
+                    await anyio.sleep(SETTLE_S)
+                    tg.cancel_scope.cancel()
+
+                await serve_until_signal(
+                    server,
+                    server.serve,
+                    grace=grace,
+                    what=f"stage {stage!r}",
+                    noun="call(s)",
+                    on_ready=on_ready,
+                    stop=stop,
+                )
             finally:
                 with anyio.CancelScope(shield=True):
                     await binding.aclose()

@@ -27,12 +27,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import msgspec
 import sniffio
 
 from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
+from ..lifecycle import Inflight
 from ..runtime import Runtime
 from ..timeouts import deadline_at, reset_deadline
 from ..tracing import Trace, TraceStore, activate, deactivate, outcome_of
@@ -97,9 +97,8 @@ class Frontend:
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0
-        self.draining = False
         self._requests: set[Request] = set()
-        self._idle: anyio.Event | None = None
+        self._drain = Inflight(self._requests)
         self.chat_entry = next((e for e in entries.values() if e.openai == "chat"), None)
         self._openapi: bytes | None = None
         self._asyncio: bool | None = None  # the event loop, known at the first request
@@ -365,8 +364,7 @@ class Frontend:
                 request.status,
                 elapsed * 1000,
             )
-            if self._idle is not None and not self._requests:
-                self._idle.set()
+            self._drain.left()
 
     async def _answer_error(self, send: Send, request: Request, error: HttpError) -> None:
         if request.disconnected:
@@ -495,20 +493,17 @@ class Frontend:
     async def drain(self, grace: float) -> bool:
         """Refuse new requests (``/ready`` turns 503), let in-flight ones finish for up to
         ``grace`` s, then cancel the rest (they are answered 503). True if none was cut."""
-        self.draining = True
-        with anyio.move_on_after(grace):
-            while self._requests:
-                self._idle = anyio.Event()
-                await self._idle.wait()
-            return True
-        for request in list(self._requests):
-            request.shutdown = True
-            request.scope.cancel()
-        with anyio.move_on_after(5):
-            while self._requests:
-                self._idle = anyio.Event()
-                await self._idle.wait()
-        return False
+
+        def cancel_rest() -> None:
+            for request in list(self._requests):
+                request.shutdown = True
+                request.scope.cancel()
+
+        return await self._drain.drain(grace, cancel_rest)
+
+    @property
+    def draining(self) -> bool:
+        return self._drain.draining
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -70,7 +70,7 @@ def error_for(exc: BaseException) -> HttpError:
         return HttpError(504, "deadline_exceeded", str(exc), stage=exc.stage)
     if isinstance(exc, StageError):
         path = exc.path if isinstance(exc, InvalidRequest) else None
-        if exc.kind in ("unavailable", "overloaded"):
+        if exc.kind in ("unavailable", "overloaded", "shutdown"):
             return HttpError(
                 503, "stage_unavailable", exc.message, stage=exc.stage, path=path, kind=exc.kind
             )

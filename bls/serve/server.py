@@ -13,15 +13,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import signal
 import socket
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from ..app import App
+from ..lifecycle import serve_until_signal
 from .app import Frontend
 from .intake import Limits
 
@@ -153,35 +154,36 @@ async def serve(
         frontend = Frontend(app.entries, runtime, title=app.path.name, limits=limits, export=export)
         sock = _listen(host, port)
         stop = anyio.Event()
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with anyio.create_task_group() as tg:
-                await tg.start(run_server, frontend, sock, stop)
-                # What start-up loaded (modules, models) lives as long as the process:
-                # keep it out of the collector's full passes, which requests trigger; and
-                # collect the young generation less often (each request allocates ~100
-                # tracked objects, almost none of them in cycles).
-                gc.freeze()
-                gc.set_threshold(20_000, 20, 20)
-                log.info(
-                    "serving %s (%s) on %s with %s/%s",
-                    app.path,
-                    ", ".join(app.entries),
-                    _url(sock),
-                    server,
-                    backend,
-                )
-                on_ready(_url(sock))
-                async for signum in signals:
-                    log.info(
-                        "%s: draining %d request(s) (grace %gs)",
-                        signal.Signals(signum).name,
-                        frontend.inflight,
-                        limits.grace,
-                    )
-                    if not await frontend.drain(limits.grace):
-                        log.warning("grace period over: cancelled the requests still running")
-                    stop.set()
-                    break
+
+        def ready(_: object) -> None:
+            # What start-up loaded (modules, models) lives as long as the process: keep it
+            # out of the collector's full passes, which requests trigger; and collect the
+            # young generation less often (each request allocates ~100 tracked objects,
+            # almost none of them in cycles).
+            gc.freeze()
+            gc.set_threshold(20_000, 20, 20)
+            log.info(
+                "serving %s (%s) on %s with %s/%s",
+                app.path,
+                ", ".join(app.entries),
+                _url(sock),
+                server,
+                backend,
+            )
+            on_ready(_url(sock))
+
+        async def stopped(_: anyio.abc.TaskGroup) -> None:
+            stop.set()  # the server finishes its connections and returns
+
+        await serve_until_signal(
+            frontend,
+            partial(run_server, frontend, sock, stop),
+            grace=limits.grace,
+            what="bls serve",
+            noun="request(s)",
+            on_ready=ready,
+            stop=stopped,
+        )
     if export is not None:
         export.close()
     log.info("stopped")

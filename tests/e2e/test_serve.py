@@ -410,9 +410,12 @@ def test_burst_over_max_inflight_gets_429(
         )
 
 
-@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    ("backend", "signum"),
+    [("asyncio", signal.SIGTERM), ("trio", signal.SIGTERM), ("asyncio", signal.SIGINT)],
+)
 def test_sigterm_drains_in_flight_requests(
-    workers: dict[str, Proc], tmp_path: Path, backend: str
+    workers: dict[str, Proc], tmp_path: Path, backend: str, signum: int
 ) -> None:
     with serve(*_binds(workers), "--grace", "20", backend=backend) as proc:
         results: list[httpx.Response] = []
@@ -430,7 +433,7 @@ def test_sigterm_drains_in_flight_requests(
         for t in threads:
             t.start()
         wait_for(lambda: all((tmp_path / f"d{i}.started").exists() for i in range(4)))
-        proc.signal(signal.SIGTERM)
+        proc.signal(signum)
         wait_for(lambda: httpx.get(f"{proc.address}/ready").status_code == 503, timeout=5)
         late = httpx.post(f"{proc.address}/v1/scripts/greet", json={"text": "x"})
         assert late.status_code == 503

@@ -525,3 +525,96 @@ def test_a_worker_serving_another_stage_name_is_refused_at_start() -> None:
         )
     assert out.returncode == 1
     assert "this worker serves stage 'judge', not 'draft'" in out.stderr
+
+
+# -- a worker's shutdown and a hung worker ------------------------------------------
+
+
+async def _started(marker: Path) -> None:
+    await anyio.to_thread.run_sync(lambda: wait_for(Path(f"{marker}.started").exists, 10))
+
+
+@pytest.mark.anyio
+async def test_grace_running_out_cancels_the_call_and_answers_shutdown(tmp_path: Path) -> None:
+    marker = tmp_path / "cut"
+    failures: list[bls.StageError] = []
+    with worker(f"{STAGES}:slow", "--grace", "0.3") as proc:
+        async with bls.Runtime({"slow": proc.address}):
+
+            async def call() -> None:
+                with pytest.raises(bls.StageError) as info:
+                    await stage("slow", Mark(marker=str(marker), seconds=60))
+                failures.append(info.value)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await _started(marker)
+                proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0
+    assert failures[0].kind == "shutdown" and failures[0].stage == "slow"
+    assert "shut down before the call ended" in failures[0].message
+    assert marker.read_text().split()[0] == "cancelled"  # its finally ran in the worker
+    assert "grace period over" in proc.log()
+    assert proc.stats()["cancelled"] == 1
+
+
+@pytest.mark.anyio
+async def test_a_draining_worker_refuses_new_calls_and_they_go_to_another_replica(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "long"
+    with worker(f"{STAGES}:slow", "--grace", "20") as draining, worker(f"{STAGES}:slow") as other:
+        async with (
+            bls.Runtime({"slow": draining.address}) as alone,
+            bls.Runtime({"slow": f"{draining.address},{other.address}"}) as both,
+        ):
+            first: list[Served] = []
+
+            async def long_call() -> None:
+                first.append(await alone.call("slow", Mark(marker=str(marker), seconds=1.5)))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long_call)
+                await _started(marker)
+                draining.signal(signal.SIGTERM)
+                await anyio.to_thread.run_sync(
+                    lambda: wait_for(lambda: "draining 1 call(s)" in draining.log(), 10)
+                )
+                with pytest.raises(bls.StageError) as refused:
+                    await alone.call("slow", Mark(seconds=0))
+                during = [await both.call("slow", Mark(seconds=0)) for _ in range(4)]
+            assert refused.value.kind == "unavailable"
+            assert "shutting down" in refused.value.message
+            assert {s.pid for s in during} == {other.pid}
+            assert first[0].pid == draining.pid  # the call in flight still finished
+        assert draining.wait() == 0
+    assert draining.stats()["rejected"] >= 1
+
+
+@pytest.mark.anyio
+async def test_a_hung_worker_is_caught_by_heartbeats(tmp_path: Path) -> None:
+    marker = tmp_path / "hang"
+    with worker(f"{STAGES}:slow") as proc:
+        async with bls.Runtime({"slow": proc.address}):
+            failures: list[bls.StageError] = []
+
+            async def call() -> None:
+                with pytest.raises(bls.StageError) as info:
+                    await stage("slow", Mark(marker=str(marker), seconds=60))
+                failures.append(info.value)
+
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    await _started(marker)
+                    proc.signal(signal.SIGSTOP)  # alive, connected, and silent
+                    stopped = time.monotonic()
+                    with anyio.fail_after(10):  # dead_after_s is 1 s
+                        while not failures:
+                            await anyio.sleep(0.05)
+                    caught = time.monotonic() - stopped
+            finally:
+                proc.signal(signal.SIGCONT)
+    assert failures[0].kind == "unavailable"
+    assert "no heartbeat" in failures[0].message
+    assert caught < 5
