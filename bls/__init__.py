@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .batching import batch
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
-from .flow import collect, gather, map, race
+from .flow import beside, collect, gather, map, race
 from .messages import Message
 from .runtime import BindingError, Runtime
 from .serve.chat import ChatMessage, ChatRequest
@@ -42,6 +42,7 @@ __all__ = [
     "Worker",
     "__version__",
     "batch",
+    "beside",
     "collect",
     "gather",
     "map",

@@ -1,4 +1,4 @@
-"""Structured fan-out: ``gather``, ``race``, ``map`` and ``collect``.
+"""Structured fan-out: ``gather``, ``race``, ``map``, ``collect`` and ``beside``.
 
 Each runs its children in a task group that closes before it returns, so no child
 outlives the call, whatever the outcome. Errors are raised as themselves (not wrapped in
@@ -8,12 +8,14 @@ an ExceptionGroup) so that a script can ``except StageError``.
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, Awaitable, Callable, Generator, Iterable
+from types import TracebackType
+from typing import Any, Generic, TypeVar
 
 import anyio
+import anyio.abc
 
-__all__ = ["collect", "gather", "map", "race"]
+__all__ = ["beside", "collect", "gather", "map", "race"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -115,3 +117,76 @@ async def collect(items: AsyncIterable[Any]) -> Any:
     if out and builtins.all(isinstance(x, str) for x in out):
         return "".join(out)
     return out
+
+
+class beside(Generic[T]):
+    """Run ``aw`` beside a block of the script, and take its result when it is wanted::
+
+        async with bls.beside(classifier(emb)) as labels:
+            async for item in generator(prompt):  # runs while the classifier does
+                yield item
+        top = await labels
+
+    ``await`` the handle inside the block (it waits for ``aw``) or after it. Leaving the
+    block waits for ``aw`` to finish. An error in the block cancels ``aw``; an error in
+    ``aw`` cancels the block and is raised as itself; cancelling the script cancels both.
+    A streaming script may ``yield`` inside the block.
+    """
+
+    __slots__ = ("_aw", "_done", "_error", "_result", "_tg")
+
+    def __init__(self, aw: Awaitable[T]) -> None:
+        self._aw = aw
+        self._done = anyio.Event()
+        self._result: T | None = None
+        self._error: Exception | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> beside[T]:
+        tg = self._tg = anyio.create_task_group()
+        await tg.__aenter__()
+        tg.start_soon(self._run)
+        return self
+
+    async def _run(self) -> None:
+        try:
+            self._result = await self._aw
+        except Exception as exc:
+            self._error = exc
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+        finally:
+            self._done.set()
+
+    async def _wait(self) -> T:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._wait().__await__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._tg is not None
+        if exc is not None:
+            self._tg.cancel_scope.cancel()
+        try:
+            suppressed = await self._tg.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:  # the block's own error, wrapped: unwrap it
+            if self._error is not None:
+                raise self._error from None
+            # Beside it, at most the cancellation of an outer scope, which is redelivered
+            # at the next checkpoint anyway (trio's, for one, is level-triggered).
+            _, rest = group.split(anyio.get_cancelled_exc_class())
+            if exc is not None and rest is not None and rest.exceptions == (exc,):
+                raise exc.with_traceback(tb) from None
+            raise
+        if self._error is not None and (exc is None or exc is not self._error):
+            raise self._error
+        return bool(suppressed)

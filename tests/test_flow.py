@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import anyio
+import anyio.lowlevel
 import pytest
 from conftest import live_tasks
 
@@ -136,3 +139,69 @@ async def test_cancelling_the_caller_cancels_every_child() -> None:
         await bls.gather(sleeper(), sleeper(), bls.race(sleeper(), sleeper()))
     assert sleeper.cancelled == 4
     assert live_tasks() == before
+
+
+# -- beside ----------------------------------------------------------------------------
+
+
+async def test_beside_runs_alongside_the_block_and_gives_its_result() -> None:
+    in_block = anyio.Event()
+
+    async def waits_for_the_block() -> int:
+        await in_block.wait()  # would never return if the two did not run together
+        return 7
+
+    async with bls.beside(waits_for_the_block()) as later:
+        in_block.set()
+        assert await later == 7  # awaited inside the block
+    assert await later == 7  # and after it
+
+
+async def test_beside_error_cancels_the_block_and_is_raised_as_itself() -> None:
+    sleeper = Sleeper()
+    with pytest.raises(KeyError, match="boom"):
+        async with bls.beside(boom(0.01)):
+            await sleeper()
+    assert sleeper.cancelled == 1
+
+
+async def test_an_error_in_the_block_cancels_what_runs_beside() -> None:
+    sleeper = Sleeper()
+    with pytest.raises(ValueError, match="block"):
+        async with bls.beside(sleeper()):
+            await anyio.sleep(0.01)
+            raise ValueError("block")
+    assert sleeper.cancelled == 1
+
+
+class Ticket(bls.Message):
+    n: int
+
+
+@bls.script
+async def streams_beside(req: Ticket) -> AsyncIterator[int]:
+    async with bls.beside(value(100, 0.02)) as extra:
+        for i in range(req.n):
+            yield i
+            await anyio.lowlevel.checkpoint()
+    yield await extra
+
+
+async def test_a_streaming_script_yields_inside_beside() -> None:
+    async with bls.Runtime() as rt:
+        got: list[int] = []
+
+        async def sink(item: int) -> None:
+            got.append(item)
+
+        await rt.feed(streams_beside, Ticket(n=3), sink)
+        assert got == [0, 1, 2, 100]
+        async with rt.run_stream(streams_beside, Ticket(n=3)) as items:
+            assert [i async for i in items] == [0, 1, 2, 100]
+        # Leaving early closes the script, and what ran beside it, at once.
+        before = live_tasks()
+        async with rt.run_stream(streams_beside, Ticket(n=1000)) as items:
+            async for first in items:
+                assert first == 0
+                break
+        assert live_tasks() <= before

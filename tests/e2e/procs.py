@@ -54,10 +54,13 @@ def start(
     ready_timeout: float = 30,
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
+    program: list[str] | None = None,
 ) -> Proc:
-    """Start ``bls ARGS`` and wait (bounded) for its ``ready ADDR`` line."""
+    """Start ``bls ARGS`` (or ``program ARGS``) and wait (bounded) for its ``ready ADDR``
+    line."""
+    argv = [*(program or [BLS]), *args]
     popen = subprocess.Popen(
-        [BLS, *args],
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -85,7 +88,7 @@ def start(
     threading.Thread(target=read_stdout, daemon=True).start()
     if not got.wait(ready_timeout):
         stop(popen)
-        raise RuntimeError(f"bls {' '.join(args)} did not become ready:\n{''.join(lines)}")
+        raise RuntimeError(f"{' '.join(argv)} did not become ready:\n{''.join(lines)}")
     return Proc(popen, ready[0], lines, out)
 
 
@@ -111,9 +114,13 @@ def worker(
 
 
 @contextmanager
-def serving(script: str, *extra: str, backend: str = "asyncio") -> Iterator[Proc]:
+def serving(
+    script: str, *extra: str, backend: str = "asyncio", ready_timeout: float = 30
+) -> Iterator[Proc]:
     """A ``bls serve SCRIPT`` process on a free port for the duration of the block."""
-    proc = start(["serve", script, "--port", "0", "--backend", backend, *extra])
+    proc = start(
+        ["serve", script, "--port", "0", "--backend", backend, *extra], ready_timeout=ready_timeout
+    )
     try:
         yield proc
     finally:

@@ -1,0 +1,156 @@
+"""examples/ensemble over HTTP: the classifier runs beside the streamed generation, the
+output is the same with every stage inline and with every stage in a `bls worker`, the
+hand-written baseline answers the same, and a disconnect cancels both branches."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from .cli import ROOT, bls_env, require_vllm
+from .procs import Proc, serving, start, stop, wait_for
+
+require_vllm()  # skips the module without vLLM; CI requires it
+
+SCRIPT = "examples/ensemble/ensemble.py"
+REQUEST = json.loads((ROOT / "examples/ensemble/request.json").read_text())
+GENERATOR = [
+    "--option",
+    "max_model_len=256",
+    "--option",
+    "enforce_eager=true",
+    "--option",
+    "enable_prompt_embeds=true",
+    "--option",
+    "dtype=float32",
+]
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[dict[str, Proc]]:
+    procs: dict[str, Proc] = {}
+    try:
+        for name, target, extra in (
+            ("encoder", "bls.models.encoder:VisionEncoder", []),
+            ("classifier", "bls.models.encoder:Classifier", []),
+            ("generator", "bls.models.vllm:VllmWorker", GENERATOR),
+        ):
+            procs[name] = start(
+                ["worker", target, "--listen", "tcp://127.0.0.1:0", *extra], ready_timeout=240
+            )
+        yield procs
+    finally:
+        for proc in procs.values():
+            stop(proc.popen)
+
+
+def _binds(workers: dict[str, Proc], *names: str) -> list[str]:
+    return [arg for name in names for arg in ("--bind", f"{name}={workers[name].address}")]
+
+
+def events(url: str, body: dict[str, object] = REQUEST) -> list[dict[str, object]]:
+    """POST the request and read the server-sent events: the items, up to the end event."""
+    with httpx.stream("POST", f"{url}/v1/scripts/ensemble", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        items, event = [], "message"
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                if event == "end":
+                    return items
+                assert event == "message", line
+                items.append(json.loads(line[6:]))
+        raise AssertionError(f"the stream ended without its end event after {items}")
+
+
+def test_the_same_answer_inline_remote_and_by_hand(workers: dict[str, Proc]) -> None:
+    with serving(SCRIPT, ready_timeout=240) as inline:
+        got = events(inline.address)
+    *pieces, merged = got
+    assert merged["label"] in ("cat", "dog", "bird", "car", "tree")
+    assert 0 < merged["score"] <= 1  # type: ignore[operator]
+    assert merged["caption"] == "".join(p.get("text", "") for p in pieces)  # type: ignore[misc]
+    assert len(pieces) == REQUEST["max_tokens"]  # one chunk per generated token
+
+    with serving(SCRIPT, *_binds(workers, "encoder", "classifier", "generator")) as remote:
+        assert events(remote.address) == got
+        # The two branches ran at once: the classifier's span lies within the generation's.
+        trace = httpx.get(
+            f"{remote.address}/debug/requests", headers={"accept": "application/json"}
+        ).json()[0]
+        spans = httpx.get(
+            f"{remote.address}/debug/requests/{trace['id']}",
+            headers={"accept": "application/json"},
+        ).json()["spans"]
+        by_name = {s["name"]: s for s in spans if not s["remote"]}
+        classify, generate = by_name["classifier"], by_name["generator"]
+        assert classify["start"] < generate["end"] and generate["start"] < classify["end"]
+        assert by_name["encoder"]["end"] <= min(classify["start"], generate["start"])
+
+    bespoke = start(
+        [
+            str(ROOT / "examples/ensemble/bespoke.py"),
+            "--port",
+            "0",
+            *(f"--{n}={workers[n].address}" for n in ("encoder", "classifier", "generator")),
+        ],
+        program=[sys.executable],
+    )
+    try:
+        assert events(bespoke.address) == got
+    finally:
+        stop(bespoke.popen)
+
+
+def _aborts(proc: Proc) -> list[str]:
+    return [line for line in proc.lines if "aborted bls-" in line]
+
+
+def test_a_disconnect_cancels_the_classifier_and_aborts_the_generation(
+    workers: dict[str, Proc], tmp_path: Path
+) -> None:
+    marker = tmp_path / "classifier"
+    generator = workers["generator"]
+    before = len(_aborts(generator))
+    server = start(
+        [
+            "serve",
+            SCRIPT,
+            "--port",
+            "0",
+            *_binds(workers, "encoder", "generator"),
+            "--bind",
+            "classifier=tests/e2e/ensemble/stages.py:slow_classifier",
+        ],
+        env=bls_env(ENSEMBLE_MARKER=str(marker)),
+    )
+    try:
+        url = urlsplit(server.address)
+        body = json.dumps({**REQUEST, "max_tokens": 200}).encode()
+        with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+            sock.sendall(
+                b"POST /v1/scripts/ensemble HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            received = b""
+            while received.count(b"data: ") < 2:  # the generation is under way
+                received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200")
+        assert marker.with_suffix(".started").exists()  # and so is the classifier
+        wait_for(lambda: marker.exists(), timeout=15)
+        assert marker.read_text() == "cancelled"
+        wait_for(lambda: len(_aborts(generator)) > before, timeout=15)
+        assert _aborts(generator)[-1].rstrip().endswith("(unfinished in the engine now: 0)")
+    finally:
+        server.signal(signal.SIGTERM)
+        stop(server.popen)
