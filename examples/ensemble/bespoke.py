@@ -167,7 +167,7 @@ async def main(args: argparse.Namespace) -> None:
             tg.cancel_scope.cancel()
 
         tg.start_soon(serve)
-        while not server.started:
+        while not server.started:  # noqa: ASYNC110 - Uvicorn has no event for it
             await anyio.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         print(f"ready http://{args.host}:{port}", flush=True)

@@ -597,11 +597,13 @@ async def test_a_hung_worker_is_caught_by_heartbeats(tmp_path: Path) -> None:
     with worker(f"{STAGES}:slow") as proc:
         async with bls.Runtime({"slow": proc.address}):
             failures: list[bls.StageError] = []
+            failed = anyio.Event()
 
             async def call() -> None:
                 with pytest.raises(bls.StageError) as info:
                     await stage("slow", Mark(marker=str(marker), seconds=60))
                 failures.append(info.value)
+                failed.set()
 
             try:
                 async with anyio.create_task_group() as tg:
@@ -610,8 +612,7 @@ async def test_a_hung_worker_is_caught_by_heartbeats(tmp_path: Path) -> None:
                     proc.signal(signal.SIGSTOP)  # alive, connected, and silent
                     stopped = time.monotonic()
                     with anyio.fail_after(10):  # dead_after_s is 1 s
-                        while not failures:
-                            await anyio.sleep(0.05)
+                        await failed.wait()
                     caught = time.monotonic() - stopped
             finally:
                 proc.signal(signal.SIGCONT)

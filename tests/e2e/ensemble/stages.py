@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import anyio
 
@@ -12,12 +11,13 @@ from bls.models.encoder import Embedding, Labels
 
 
 async def slow_classifier(req: Embedding) -> Labels:
-    marker = Path(os.environ["ENSEMBLE_MARKER"])
-    marker.with_suffix(".started").write_text(str(time.time()))
+    marker = anyio.Path(os.environ["ENSEMBLE_MARKER"])
+    await marker.with_suffix(".started").write_text(str(time.time()))
     try:
         await anyio.sleep(60)
     except anyio.get_cancelled_exc_class():
-        marker.write_text("cancelled")
+        with anyio.CancelScope(shield=True):
+            await marker.write_text("cancelled")
         raise
-    marker.write_text("finished")
+    await marker.write_text("finished")
     return Labels(names=["slow"], scores=[1.0])
