@@ -1,4 +1,4 @@
-"""The ``bls`` command: ``run``, ``check``, ``worker``, ``serve``, ``keygen``.
+"""The ``bls`` command: ``run``, ``check``, ``worker``, ``serve``, ``keygen``, ``bench``.
 
 Every failure a user can cause prints one ``error: ...`` line on stderr and exits 1;
 tracebacks are for bugs (``--traceback``, on every command, or ``BLS_TRACEBACK=1`` shows
@@ -14,7 +14,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,21 +22,19 @@ import msgspec
 from . import __version__, commands
 from .config import ConfigError
 from .console import (
+    UsageError,
     add_backend_arg,
     add_binding_args,
     add_common_args,
     claim_stdout,
     emit,
+    read_input,
     setup_logging,
 )
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .runtime import BindingError
 
 __all__ = ["main"]
-
-
-class UsageError(Exception):
-    """Bad command-line input (not a stage failure)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,23 +86,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_input(spec: str | None) -> bytes:
-    if spec is None:
-        if sys.stdin is None or sys.stdin.isatty():
-            raise UsageError("no input: pass --input JSON, --input @FILE, or pipe JSON on stdin")
-        data = sys.stdin.buffer.read()
-    elif spec.startswith("@"):
-        try:
-            data = Path(spec[1:]).read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read input file {spec[1:]!r}: {exc.strerror}") from None
-    else:
-        data = spec.encode()
-    if not data.strip():
-        raise UsageError("empty input: the request must be a JSON value")
-    return data
-
-
 def _write_line(value: Any) -> None:
     emit(msgspec.json.encode(value))
 
@@ -117,7 +97,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, libraries="warning")
     app = App(args.script, config_file=args.config, binds=args.bind)
     entry = app.entry(args.entry)
-    req = entry.decode(_read_input(args.input))
+    req = entry.decode(read_input(args.input))
 
     async def main() -> None:
         async with app.runtime() as rt:

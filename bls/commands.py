@@ -300,4 +300,45 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-PARSERS = [_add_worker, _add_serve, _add_keygen]
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="load-test a served script or the chat endpoint",
+        description="Send the same request to a bls serve endpoint over N keep-alive "
+        "connections and report requests/s, latency percentiles, a stream's time to its "
+        "first item, and errors by status and kind. A progress bar goes to stderr; the "
+        "summary (a table, or JSON with --json) to stdout.",
+    )
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--entry", metavar="NAME", help="the script entry (POST /v1/scripts/NAME)")
+    p.add_argument(
+        "--chat", action="store_true", help="POST to /v1/chat/completions instead of an entry"
+    )
+    p.add_argument("--input", metavar="JSON|@FILE", help="the request body (default: read stdin)")
+    p.add_argument(
+        "--concurrency", "-c", type=int, default=1, metavar="N", help="connections (default 1)"
+    )
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument(
+        "--requests", "-n", type=int, metavar="M", help="requests in all (default 100)"
+    )
+    amount.add_argument("--duration", "-d", type=float, metavar="S", help="seconds to run")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help='ask for a stream (Accept: text/event-stream; with --chat, "stream": true) '
+        "and measure the time to its first item",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="draw latency over time and its histogram")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    console.add_common_args(p)
+    p.set_defaults(handler=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    return bench.main(args)
+
+
+PARSERS = [_add_worker, _add_serve, _add_keygen, _add_bench]

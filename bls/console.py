@@ -11,15 +11,18 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
     "BACKENDS",
+    "UsageError",
     "add_backend_arg",
     "add_binding_args",
     "add_common_args",
     "claim_stdout",
     "emit",
+    "read_input",
     "setup_logging",
 ]
 
@@ -87,3 +90,25 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
     )
+
+
+class UsageError(Exception):
+    """Bad command-line input (not a stage failure): one ``error:`` line, exit 1."""
+
+
+def read_input(spec: str | None) -> bytes:
+    """The request body ``--input`` names: JSON itself, ``@FILE``, or stdin when absent."""
+    if spec is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("no input: pass --input JSON, --input @FILE, or pipe JSON on stdin")
+        data = sys.stdin.buffer.read()
+    elif spec.startswith("@"):
+        try:
+            data = Path(spec[1:]).read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read input file {spec[1:]!r}: {exc.strerror}") from None
+    else:
+        data = spec.encode()
+    if not data.strip():
+        raise UsageError("empty input: the request must be a JSON value")
+    return data

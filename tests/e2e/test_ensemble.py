@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from .cli import ROOT, bls_env, require_vllm
+from .cli import ROOT, bls_env, require_vllm, run_bls
 from .procs import Proc, serving, start, stop, wait_for
 
 require_vllm()  # skips the module without vLLM; CI requires it
@@ -73,7 +73,9 @@ def events(url: str, body: dict[str, object] = REQUEST) -> list[dict[str, object
         raise AssertionError(f"the stream ended without its end event after {items}")
 
 
-def test_the_same_answer_inline_remote_and_by_hand(workers: dict[str, Proc]) -> None:
+def test_the_same_answer_inline_remote_and_by_hand(
+    workers: dict[str, Proc], tmp_path: Path
+) -> None:
     with serving(SCRIPT, ready_timeout=240) as inline:
         got = events(inline.address)
     *pieces, merged = got
@@ -96,6 +98,20 @@ def test_the_same_answer_inline_remote_and_by_hand(workers: dict[str, Proc]) -> 
         classify, generate = by_name["classifier"], by_name["generator"]
         assert classify["start"] < generate["end"] and generate["start"] < classify["end"]
         assert by_name["encoder"]["end"] <= min(classify["start"], generate["start"])
+
+        # bls bench drives it: every stream read to its end, its first item timed, a plot.
+        plot = tmp_path / "ensemble.png"
+        out = run_bls(
+            "bench", remote.address, "--entry", "ensemble",
+            "--input", "@examples/ensemble/request.json",
+            "--stream", "-c", "2", "-n", "6", "--plot", str(plot), "--json",
+            timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        summary = json.loads(out.stdout)
+        assert summary["ok"] == 6 and summary["errors"] == {}
+        assert summary["first_item_ms"]["p50"] < summary["latency_ms"]["p50"]
+        assert plot.read_bytes()[:4] == b"\x89PNG"
 
     bespoke = start(
         [
