@@ -40,13 +40,13 @@ class App:
             raise ConfigError(f"{script} defines no @bls.script entrypoint")
         self.config: Config = load_config(path, config_file, binds, options)
         self.bindings: dict[str, Binding] = make_bindings(self.config)
-        self.uses: list[StageUse] = find_stage_uses(path)
+        self.uses: list[StageUse] = find_stage_uses(path, self.module)
         sources = [path]
         for binding in self.bindings.values():
             # A script bound as a stage: the names it uses must be bound here too.
             source = getattr(binding, "script_file", None)
             if source and Path(source).resolve() != path.resolve():
-                self.uses.extend(find_stage_uses(source))
+                self.uses.extend(find_stage_uses(source, getattr(binding, "script_module", None)))
                 sources.append(Path(source))
         if not any(names_stages_dynamically(s) for s in sources):
             check_names(self.config, (u.name for u in self.uses), path)

@@ -163,9 +163,11 @@ class InlineBinding(Binding):
         self._started = False
         fn: Callable[..., Any]
         self.script_file: str | None = None
+        self.script_module: Any = None
         if isinstance(target, Script):
             fn, sig = target.fn, target.signature
             self.script_file = inspect.getsourcefile(target.fn)
+            self.script_module = inspect.getmodule(target.fn)
         elif isinstance(target, type) and issubclass(target, Worker):
             self._worker = target(_worker_options(name, target, options))
             fn = self._worker.__call__

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -58,13 +59,39 @@ def _literal(node: ast.Call) -> str | None:
     return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
-def find_stage_uses(path: str | Path) -> list[StageUse]:
-    """Every ``stage("x")``, ``stage.stream("x")``, ``Stage("x", ...)`` with a literal name."""
+def _handles(module: Any) -> dict[str, tuple[str, bool]]:
+    """The module's globals that are typed stage handles: global name -> (stage, streaming).
+
+    Handles declared in another module and imported (an interface shared by several
+    scripts) are only visible this way, not in the source.
+    """
+    found = {}
+    for attr, obj in vars(module).items():
+        kind = type(obj)
+        if kind.__module__ == "bls.stages" and kind.__name__ in ("Stage", "StreamStage"):
+            found[attr] = (obj.name, bool(obj.streaming))
+    return found
+
+
+def find_stage_uses(path: str | Path, module: Any = None) -> list[StageUse]:
+    """Every ``stage("x")``, ``stage.stream("x")``, ``Stage("x", ...)`` with a literal name;
+    with the loaded ``module``, also every call of a typed handle it imported."""
     uses = []
     for node, streaming in _stage_calls(path):
         name = _literal(node)
         if name is not None:
             uses.append(StageUse(name, streaming, str(path), node.lineno))
+    handles = _handles(module) if module is not None else {}
+    if handles:
+        tree = ast.parse(Path(path).read_text(), filename=str(path))
+        for call in ast.walk(tree):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id in handles
+            ):
+                name, streaming = handles[call.func.id]
+                uses.append(StageUse(name, streaming, str(path), call.lineno))
     return uses
 
 
