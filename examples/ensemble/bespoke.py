@@ -180,4 +180,11 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    anyio.run(main, parser.parse_args())
+    # uvloop where it is installed, as Uvicorn (and bls serve) pick by default.
+    try:
+        import uvloop  # noqa: F401
+
+        options = {"use_uvloop": True}
+    except ImportError:
+        options = {}
+    anyio.run(main, parser.parse_args(), backend_options=options)
