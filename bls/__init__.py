@@ -11,6 +11,7 @@ binding uses :mod:`bls.bindings` (``Binding``, ``InlineBinding``) and
 from importlib.metadata import PackageNotFoundError, version
 
 from .batching import batch
+from .cache import CacheReport, cache_report
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import beside, collect, gather, map, race
@@ -28,6 +29,7 @@ except PackageNotFoundError:  # running from a source tree
 
 __all__ = [
     "BindingError",
+    "CacheReport",
     "ChatMessage",
     "ChatRequest",
     "DeadlineExceeded",
@@ -43,6 +45,7 @@ __all__ = [
     "__version__",
     "batch",
     "beside",
+    "cache_report",
     "collect",
     "gather",
     "map",

@@ -67,5 +67,7 @@ class App:
                 f"{self.path} has no entrypoint {name!r} (it has: {', '.join(self.entries)})"
             ) from None
 
-    def runtime(self) -> Runtime:
-        return Runtime(self.bindings, uses=self.uses)
+    def runtime(self, *, start_unreachable: bool = False) -> Runtime:
+        """The runtime for the script's bindings. ``start_unreachable``: start even while
+        a remote stage has no replica answering (serving processes: any start order)."""
+        return Runtime(self.bindings, uses=self.uses, start_unreachable=start_unreachable)

@@ -20,14 +20,23 @@ identity.
   full list back in order.
 
 Results are shared between callers: treat them as read-only.
+
+A script that wants to know whether its calls hit the cache (to report it, or to measure
+what the cache saves) wraps them in :func:`cache_report`::
+
+    with bls.cache_report() as report:
+        emb = await encoder(EncodeRequest(image=image))
+    report.hits, report.misses  # items served from the cache, and computed
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -38,7 +47,7 @@ from .bindings import Binding
 from .errors import InvalidRequest, StageError
 from .messages import Signature, convert
 
-__all__ = ["CacheOptions", "CacheStats", "CachedBinding"]
+__all__ = ["CacheOptions", "CacheReport", "CacheStats", "CachedBinding", "cache_report"]
 
 
 class CacheOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -55,6 +64,32 @@ class CacheStats(msgspec.Struct):
     evictions: int = 0
     bytes: int = 0
     entries: int = 0
+
+
+class CacheReport(msgspec.Struct):
+    """What the cached stage calls inside a :func:`cache_report` block found: per item
+    (one per call; one per list item with ``items = ...``)."""
+
+    hits: int = 0  # served from the cache, or from an identical call already running
+    misses: int = 0  # computed by the worker
+
+
+_report: contextvars.ContextVar[CacheReport | None] = contextvars.ContextVar(
+    "bls_cache_report", default=None
+)
+
+
+@contextmanager
+def cache_report() -> Iterator[CacheReport]:
+    """Count the cache hits and misses of the stage calls made inside the block (in this
+    task and the tasks it starts there, e.g. ``bls.gather``). Calls to stages without a
+    cache count nothing."""
+    report = CacheReport()
+    token = _report.set(report)
+    try:
+        yield report
+    finally:
+        _report.reset(token)
 
 
 def _hook(obj: Any) -> Any:
@@ -219,6 +254,8 @@ class CachedBinding(Binding):
         """Values for ``keys``: hits, waits on flights, and one call for the rest."""
         missing = object()
         values: list[Any] = [missing] * len(keys)
+        report = _report.get()
+        computed = 0
         while True:
             mine: dict[bytes, list[int]] = {}
             theirs: list[tuple[int, _Flight]] = []
@@ -237,6 +274,7 @@ class CachedBinding(Binding):
                     mine[key] = [i]
             if mine:
                 await self._compute(mine, req, items, values)
+                computed += sum(len(positions) for positions in mine.values())
             for i, flight in theirs:
                 await flight.done.wait()
                 if flight.ok:
@@ -246,6 +284,9 @@ class CachedBinding(Binding):
                     raise flight.error
                 # else: its caller was cancelled; go round again and compute it ourselves
             if all(v is not missing for v in values):
+                if report is not None:
+                    report.misses += computed
+                    report.hits += len(values) - computed
                 return values
 
     async def _compute(

@@ -26,6 +26,8 @@ from .console import (
     add_backend_arg,
     add_binding_args,
     add_common_args,
+    add_connect_timeout_arg,
+    apply_connect_timeout,
     claim_stdout,
     emit,
     read_input,
@@ -69,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     add_common_args(run)
     add_binding_args(run)
     add_backend_arg(run)
+    add_connect_timeout_arg(run, "then the run fails naming the stage")
 
     check = sub.add_parser(
         "check",
@@ -96,6 +99,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     claim_stdout()
     setup_logging(args.log_level, libraries="warning")
     app = App(args.script, config_file=args.config, binds=args.bind)
+    apply_connect_timeout(app.config, args.connect_timeout)
     entry = app.entry(args.entry)
     req = entry.decode(read_input(args.input))
 

@@ -93,6 +93,9 @@ def _add_worker(sub: Any) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     console.add_common_args(p)
     console.add_binding_args(p)
+    console.add_connect_timeout_arg(
+        p, "the worker starts anyway and takes the stage once one answers"
+    )
     console.add_backend_arg(p)
     p.set_defaults(handler=_cmd_worker)
 
@@ -128,7 +131,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     config = load_config(script_file, args.config, args.bind)
     if args.max_frame_bytes:
         config.transport.max_frame_bytes = args.max_frame_bytes
-    runtime = Runtime(make_bindings(config))
+    console.apply_connect_timeout(config, args.connect_timeout)
+    runtime = Runtime(make_bindings(config), start_unreachable=True)
     return anyio.run(
         lambda: run_worker(
             binding,
@@ -158,7 +162,9 @@ def _add_serve(sub: Any) -> None:
         description="Serve SCRIPT's entrypoints over HTTP: POST /v1/scripts/ENTRY (JSON in; "
         "JSON, SSE or NDJSON out), POST /v1/chat/completions for an entry declared "
         "openai='chat', GET /v1/scripts, /openapi.json, /health, /ready, /metrics and "
-        "/debug/requests. Remote stages are connected before it prints 'ready URL'. On "
+        "/debug/requests. It waits up to --connect-timeout for each remote stage before it "
+        "prints 'ready URL', and starts even if one has no replica yet: /ready answers 503 "
+        "naming it, and its calls fail fast with 503, until a replica answers. On "
         "SIGTERM/SIGINT it stops accepting, lets in-flight requests finish within --grace, "
         "then exits 0.",
     )
@@ -223,6 +229,7 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     console.add_common_args(p)
     console.add_binding_args(p)
+    console.add_connect_timeout_arg(p, "the server starts anyway (see above)")
     console.add_backend_arg(p)
     p.set_defaults(handler=_cmd_serve)
 
@@ -250,6 +257,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
     app = App(args.script, config_file=args.config, binds=args.bind)
+    console.apply_connect_timeout(app.config, args.connect_timeout)
     limits = Limits(
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout or None,

@@ -20,6 +20,8 @@ __all__ = [
     "add_backend_arg",
     "add_binding_args",
     "add_common_args",
+    "add_connect_timeout_arg",
+    "apply_connect_timeout",
     "claim_stdout",
     "emit",
     "read_input",
@@ -84,6 +86,25 @@ def add_binding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config", metavar="FILE", help="a bls.toml to apply over the one beside the script"
     )
+
+
+def add_connect_timeout_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        metavar="S",
+        help=f"how long to wait for each remote stage's first replica to answer; {what} "
+        "(default: [transport] connect_timeout_s in bls.toml, 5)",
+    )
+
+
+def apply_connect_timeout(config: object, seconds: float | None) -> None:
+    """``--connect-timeout`` over the configuration's ``[transport]`` setting."""
+    if seconds is None:
+        return
+    if not seconds > 0:
+        raise UsageError("--connect-timeout must be positive")
+    config.transport.connect_timeout_s = seconds  # type: ignore[attr-defined]
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +29,8 @@ from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature, compatible, type_name
 from .timeouts import deadline_at, reset_deadline
 from .tracing import active, traced_call, traced_stream
+
+log = logging.getLogger("bls")
 
 __all__ = ["BindingError", "Runtime", "StageStream", "current", "declare", "declared"]
 
@@ -192,9 +196,15 @@ class Runtime:
     """
 
     def __init__(
-        self, bindings: Mapping[str, Any] | None = None, *, uses: Iterable[StageUse] = ()
+        self,
+        bindings: Mapping[str, Any] | None = None,
+        *,
+        uses: Iterable[StageUse] = (),
+        start_unreachable: bool = False,
     ) -> None:
         self._uses = list(uses)
+        # Serving processes start before their remote stages are up (any start order).
+        self._start_unreachable = start_unreachable
         self._bindings: dict[str, Binding] = {
             name: binding_for(name, target) for name, target in (bindings or {}).items()
         }
@@ -224,12 +234,32 @@ class Runtime:
             try:
                 await binding.open(tg)
             except OSError as exc:
-                problems.append(str(exc))
+                later = getattr(binding, "resolve_later", None) or getattr(
+                    getattr(binding, "inner", None), "resolve_later", None
+                )
+                if self._start_unreachable and later is not None:
+                    log.warning(
+                        "%s; starting without it: its calls fail with 'unavailable' (and "
+                        "/ready answers 503) until a replica answers",
+                        exc,
+                    )
+                    later(partial(self._late_problems, name, binding))
+                else:
+                    problems.append(str(exc))
                 unopened.append(name)
                 continue
             problems.extend(type_problems(name, binding))
         problems.extend(use_problems(self._uses, self._bindings, unopened))
         for name, binding in self._bindings.items():
+            decl = _declared.get(name)
+            binding.expect(decl.response if decl is not None else binding.signature.response)
+        return problems
+
+    def _late_problems(self, name: str, binding: Binding) -> list[str]:
+        """The checks :meth:`open` makes, for a stage whose first replica answered late."""
+        uses = [use for use in self._uses if use.name == name]
+        problems = type_problems(name, binding) + use_problems(uses, {name: binding})
+        if not problems:
             decl = _declared.get(name)
             binding.expect(decl.response if decl is not None else binding.signature.response)
         return problems

@@ -221,3 +221,25 @@ def test_bad_cache_table_names_the_stage() -> None:
         _cached(
             "enc", StageConfig(inline="x:y", cache={"size": 1}), InlineBinding("enc", Encoder().one)
         )
+
+
+async def test_cache_report_counts_the_hits_and_misses_inside_its_block() -> None:
+    enc = Encoder()
+    imgs = [Image(pixels=bytes([i] * 4)) for i in range(4)]
+    async with bls.Runtime({"encoder": cached(enc.one), "plain": enc.one}):
+        with bls.cache_report() as first:
+            await stage("encoder", imgs[0])
+        assert (first.hits, first.misses) == (0, 1)
+        with bls.cache_report() as again:
+            await stage("encoder", imgs[0])
+            await stage("plain", imgs[0])  # no cache: counts nothing
+        assert (again.hits, again.misses) == (1, 0)
+        # Calls in the tasks a fan-out starts count too.
+        with bls.cache_report() as fanned:
+            await bls.gather(*(stage("encoder", img) for img in imgs))
+        assert (fanned.hits, fanned.misses) == (1, 3)
+    async with bls.Runtime({"encoder": cached(enc.many, items="images", results="vectors")}):
+        await stage("encoder", Batch(images=imgs[:2]))
+        with bls.cache_report() as partial:
+            await stage("encoder", Batch(images=imgs[:3]))  # two items cached, one new
+        assert (partial.hits, partial.misses) == (2, 1)

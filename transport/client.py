@@ -14,7 +14,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -108,6 +108,9 @@ class Connection:
         self._hello_done: anyio.Event = anyio.Event()
         self._hello_error = ""
         self._handshake_error = ""
+        # The binding's check of a replica that first answers after start-up: returns
+        # why it is refused ("" to take it).
+        self.vet: Callable[[WorkerInfo], str] | None = None
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -288,9 +291,15 @@ class Connection:
         ):
             self._hello_error = f"{self.address} came back serving a different schema"
             log.error("stage %r: %s: refusing it", self.stage, self._hello_error)
+        elif self.info is None and self.vet is not None and (refusal := self.vet(info)):
+            self._hello_error = f"{self.address}: {refusal}"
+            self.reason = f"refused: {refusal}"
+            log.error("stage %r: refusing %s", self.stage, self._hello_error)
         else:
             if self.info is not None and info.instance != self.info.instance:
                 log.warning("stage %r: %s restarted", self.stage, self.address)
+            elif self.info is None and self.vet is not None:
+                log.info("stage %r: %s answered: it takes calls now", self.stage, self.address)
             self.info = info
             self.alive = True
             self.reason = ""
@@ -372,6 +381,7 @@ class RemoteBinding(Binding):
         self.signature = Signature(request=Any, response=Any, streaming=False)
         self.request_schema: dict[str, Any] = {}
         self.response_schema: dict[str, Any] = {}
+        self.resolved = False  # the stage's types are known (a replica answered)
         self.connections: list[Connection] = []
         self._codec = wire.Codec()
         self._result = wire.Codec()
@@ -402,6 +412,7 @@ class RemoteBinding(Binding):
             raise OSError(f"stage {self.name!r}: no replica answered: {'; '.join(failures)}")
         for failure in failures:
             log.warning("stage %r: %s (will keep trying)", self.name, failure)
+        self._take_types(infos[0])
         first = infos[0]
         for other in infos[1:]:
             if (other.streaming, shape(other.request_schema), shape(other.response_schema)) != (
@@ -416,13 +427,44 @@ class RemoteBinding(Binding):
                     f"{other.request_type or other.request_schema} -> "
                     f"{other.response_type or other.response_schema}"
                 )
+
+    def _take_types(self, info: WorkerInfo) -> None:
+        """Take the types a replica serves as the stage's."""
         self.signature = Signature(
-            request=_resolve(first.request_type),
-            response=_resolve(first.response_type),
-            streaming=first.streaming,
+            request=_resolve(info.request_type),
+            response=_resolve(info.response_type),
+            streaming=info.streaming,
         )
-        self.request_schema = first.request_schema
-        self.response_schema = first.response_schema
+        self.request_schema = info.request_schema
+        self.response_schema = info.response_schema
+        self.resolved = True
+
+    def resolve_later(self, check: Callable[[], list[str]]) -> None:
+        """Start without a replica (none answered yet): the first that answers gives the
+        stage its types, if ``check()`` (the runtime's type checks, run against them)
+        finds no problem; otherwise it is refused and logged, and the next one is tried.
+        Replicas that answer later must serve the same schema as the first."""
+
+        def vet(info: WorkerInfo) -> str:
+            if self.resolved:
+                if (info.streaming, shape(info.request_schema), shape(info.response_schema)) != (
+                    self.signature.streaming,
+                    shape(self.request_schema),
+                    shape(self.response_schema),
+                ):
+                    return "it serves another schema than the stage's other replicas"
+                return ""
+            self._take_types(info)
+            problems = check()
+            if problems:
+                self.resolved = False
+                self.signature = Signature(request=Any, response=Any, streaming=False)
+                self.request_schema, self.response_schema = {}, {}
+                return "; ".join(problems)
+            return ""
+
+        for conn in self.connections:
+            conn.vet = vet
 
     @property
     def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -540,6 +582,8 @@ class RemoteBinding(Binding):
             return conn, call, kind, rest
 
     async def call(self, req: Any) -> Any:
+        if not self.resolved:
+            raise self._unavailable()
         if self.signature.streaming:
             return await Binding.call(self, req)
         conn, call, _, rest = await self._first(self._request(req), 0)
@@ -551,6 +595,8 @@ class RemoteBinding(Binding):
         return await self.call(req)  # decoded straight into the expected type
 
     def stream(self, req: Any) -> AsyncIterator[Any]:
+        if not self.resolved:
+            raise self._unavailable()
         if not self.signature.streaming:
             return Binding.stream(self, req)
         return _RemoteStream(self, self._request(req))

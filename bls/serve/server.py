@@ -150,7 +150,7 @@ async def serve(
     from .otel import from_environment
 
     export = from_environment()
-    async with app.runtime() as runtime:
+    async with app.runtime(start_unreachable=True) as runtime:
         frontend = Frontend(app.entries, runtime, title=app.path.name, limits=limits, export=export)
         sock = _listen(host, port)
         stop = anyio.Event()
