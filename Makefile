@@ -33,9 +33,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/inline.py
 	$(BIN)/python bench/transport.py
-	$(BIN)/python bench/http.py
+	$(BIN)/python bench/frontend.py
 	$(BIN)/python bench/models.py
 	$(BIN)/python bench/openai.py
+	$(BIN)/python bench/ensemble.py
+	$(BIN)/python bench/epd.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -28,20 +28,16 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-# bench/http.py is a sibling: this folder goes last on the path so `http` is the stdlib's.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] + [_HERE]
+import anyio
+from _procs import spawn
 
-import anyio  # noqa: E402
-from _procs import spawn  # noqa: E402
-
-import bls  # noqa: E402
-from bls import stage  # noqa: E402
-from bls.bindings import InlineBinding  # noqa: E402
-from bls.cache import CachedBinding, CacheOptions  # noqa: E402
-from bls.models import tiny  # noqa: E402
-from bls.models.encoder import EncodeRequest, VisionEncoder, VisionOptions  # noqa: E402
-from bls.models.vllm import (  # noqa: E402
+import bls
+from bls import stage
+from bls.bindings import InlineBinding
+from bls.cache import CachedBinding, CacheOptions
+from bls.models import tiny
+from bls.models.encoder import EncodeRequest, VisionEncoder, VisionOptions
+from bls.models.vllm import (
     GenerateItem,
     GenerateRequest,
     VllmOptions,

@@ -1,4 +1,4 @@
-"""What bench/http.py serves: a no-op script, a one-remote-stage script, and the floor —
+"""What bench/frontend.py serves: a no-op script, a one-remote-stage script, and the floor —
 bare Starlette routes doing the same work on the same server (Uvicorn + httptools).
 
     bls serve bench/serving/app.py --bind echo=tcp://...        (bls)

@@ -8,7 +8,6 @@ import json
 import signal
 import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,34 +21,11 @@ require_vllm()  # skips the module without vLLM; CI requires it
 
 SCRIPT = "examples/ensemble/ensemble.py"
 REQUEST = json.loads((ROOT / "examples/ensemble/request.json").read_text())
-GENERATOR = [
-    "--option",
-    "max_model_len=256",
-    "--option",
-    "enforce_eager=true",
-    "--option",
-    "enable_prompt_embeds=true",
-    "--option",
-    "dtype=float32",
-]
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[dict[str, Proc]]:
-    procs: dict[str, Proc] = {}
-    try:
-        for name, target, extra in (
-            ("encoder", "bls.models.encoder:VisionEncoder", []),
-            ("classifier", "bls.models.encoder:Classifier", []),
-            ("generator", "bls.models.vllm:VllmWorker", GENERATOR),
-        ):
-            procs[name] = start(
-                ["worker", target, "--listen", "tcp://127.0.0.1:0", *extra], ready_timeout=240
-            )
-        yield procs
-    finally:
-        for proc in procs.values():
-            stop(proc.popen)
+@pytest.fixture
+def workers(vision_workers: dict[str, Proc]) -> dict[str, Proc]:
+    return vision_workers
 
 
 def _binds(workers: dict[str, Proc], *names: str) -> list[str]:

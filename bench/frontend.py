@@ -1,6 +1,6 @@
 """`bls serve` vs a bare Starlette route on the same server doing the same work.
 
-    python bench/http.py [--quick] [--backend asyncio|trio]
+    python bench/frontend.py [--quick] [--backend asyncio|trio]
 
 Starts a `bls worker` (the remote stage), `bls serve bench/serving/app.py` and the floor
 (bench/serving/app.py run directly: Starlette on Uvicorn), then drives each with a
@@ -24,7 +24,7 @@ from _procs import spawn
 
 HERE = Path(__file__).resolve().parent
 BLS = str(Path(sys.executable).with_name("bls"))
-APP = str(HERE / "serving" / "app.py")  # not beside http.py, which would shadow the stdlib
+APP = str(HERE / "serving" / "app.py")
 
 
 # -- the load generator (a process of its own) -------------------------------------------

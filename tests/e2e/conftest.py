@@ -1,0 +1,44 @@
+"""Fixtures the end-to-end modules share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .procs import Proc, start, stop
+
+# The tiny generator as every vision example binds it (their bls.toml options).
+GENERATOR_OPTIONS = [
+    "--option",
+    "max_model_len=256",
+    "--option",
+    "enforce_eager=true",
+    "--option",
+    "enable_prompt_embeds=true",
+    "--option",
+    "dtype=float32",
+]
+
+
+@pytest.fixture(scope="session")
+def vision_workers() -> Iterator[dict[str, Proc]]:
+    """`bls worker` processes for the vision examples: encoder, classifier, generator
+    (one vLLM engine start for all the modules that use them)."""
+    from .cli import require_vllm
+
+    require_vllm()
+    procs: dict[str, Proc] = {}
+    try:
+        for name, target, extra in (
+            ("encoder", "bls.models.encoder:VisionEncoder", []),
+            ("classifier", "bls.models.encoder:Classifier", []),
+            ("generator", "bls.models.vllm:VllmWorker", GENERATOR_OPTIONS),
+        ):
+            procs[name] = start(
+                ["worker", target, "--listen", "tcp://127.0.0.1:0", *extra], ready_timeout=240
+            )
+        yield procs
+    finally:
+        for proc in procs.values():
+            stop(proc.popen)
