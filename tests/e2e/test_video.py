@@ -1,0 +1,132 @@
+"""examples/video over HTTP: two encoders at once, a denoising loop of stage calls, an
+upscaler, an animated PNG back; the same bytes inline and with every stage in a
+`bls worker`; a deadline or a disconnect in the middle of the loop stops the denoiser."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from .cli import ROOT, require_models
+from .procs import Proc, serving, start, stop, wait_for
+
+require_models()
+
+SCRIPT = "examples/video/video.py"
+MODELS = "examples/video/models.py"
+REQUEST = json.loads((ROOT / "examples/video/request.json").read_text())
+TARGETS = {
+    "frame_encoder": f"{MODELS}:FrameEncoder",
+    "text_encoder": "bls.models.encoder:TextEncoder",
+    "denoiser": f"{MODELS}:Denoiser",
+    "upscaler": f"{MODELS}:Upscaler",
+}
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[dict[str, Proc]]:
+    procs: dict[str, Proc] = {}
+    try:
+        for name, target in TARGETS.items():
+            procs[name] = start(
+                ["worker", target, "--listen", "tcp://127.0.0.1:0"], ready_timeout=120
+            )
+        yield procs
+    finally:
+        for proc in procs.values():
+            stop(proc.popen)
+
+
+def _binds(workers: dict[str, Proc], *names: str) -> list[str]:
+    return [arg for n in names for arg in ("--bind", f"{n}={workers[n].address}")]
+
+
+def test_an_animated_png_the_same_inline_and_remote(workers: dict[str, Proc]) -> None:
+    from PIL import Image
+
+    with serving(SCRIPT, ready_timeout=120) as inline:
+        r = httpx.post(f"{inline.address}/v1/scripts/video", json=REQUEST, timeout=60)
+        assert r.status_code == 200, r.text
+        got = r.json()
+    assert (got["frames"], got["width"], got["height"], got["steps"]) == (4, 128, 128, 8)
+    image = Image.open(io.BytesIO(base64.b64decode(got["apng"])))
+    assert image.format == "PNG" and image.is_animated and image.n_frames == 4
+    assert image.size == (128, 128)
+
+    with serving(SCRIPT, *_binds(workers, *TARGETS)) as remote:
+        r = httpx.post(f"{remote.address}/v1/scripts/video", json=REQUEST, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json() == got  # the same bytes
+        trace = httpx.get(
+            f"{remote.address}/debug/requests", headers={"accept": "application/json"}
+        ).json()[0]
+        spans = httpx.get(
+            f"{remote.address}/debug/requests/{trace['id']}",
+            headers={"accept": "application/json"},
+        ).json()["spans"]
+    local = [s for s in spans if not s["remote"]]
+    frames = next(s for s in local if s["name"] == "frame_encoder")
+    text = next(s for s in local if s["name"] == "text_encoder")
+    assert frames["start"] < text["end"] and text["start"] < frames["end"]  # at once
+    steps = [s for s in local if s["name"] == "denoiser"]
+    assert len(steps) == 8 and all(a["end"] <= b["start"] for a, b in pairwise(steps))
+
+
+def _cancelled_steps(proc: Proc) -> int:
+    return sum("denoiser: step t=" in line and "cancelled" in line for line in proc.lines)
+
+
+def _started_steps(proc: Proc) -> int:
+    return sum("denoiser: step t=" in line and "started" in line for line in proc.lines)
+
+
+def test_a_deadline_mid_loop_stops_the_denoiser(workers: dict[str, Proc]) -> None:
+    slow = start(
+        ["worker", TARGETS["denoiser"], "--listen", "tcp://127.0.0.1:0",
+         "--option", "delay_ms=100"],
+        ready_timeout=60,
+    )  # fmt: skip
+    try:
+        binds = [*_binds(workers, "frame_encoder", "text_encoder", "upscaler")]
+        with serving(SCRIPT, *binds, "--bind", f"denoiser={slow.address}") as proc:
+            started = time.monotonic()
+            r = httpx.post(
+                f"{proc.address}/v1/scripts/video",
+                json={**REQUEST, "steps": 100},
+                headers={"X-Request-Timeout": "1"},
+                timeout=30,
+            )
+            assert r.status_code == 504
+            assert time.monotonic() - started < 3
+            wait_for(lambda: _cancelled_steps(slow) == 1, timeout=5)
+
+            # A client that goes away mid-loop: the same.
+            url = urlsplit(proc.address)
+            body = json.dumps({**REQUEST, "steps": 100}).encode()
+            with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+                sock.sendall(
+                    b"POST /v1/scripts/video HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                begun = _started_steps(slow)
+                wait_for(lambda: _started_steps(slow) >= begun + 3, timeout=10)  # mid-loop
+            wait_for(lambda: _cancelled_steps(slow) == 2, timeout=5)
+        slow.signal(signal.SIGTERM)
+        assert slow.wait() == 0
+        stats = slow.stats()
+    finally:
+        stop(slow.popen)
+    # Nothing ran after the two cancels: every call the worker took completed but those two.
+    assert stats["cancelled"] + stats["deadline"] == 2
+    assert stats["calls"] == stats["completed"] + 2
+    assert stats["completed"] < 30  # of the 200 steps asked for
