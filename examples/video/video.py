@@ -53,7 +53,8 @@ def read_frames(frames: list[bytes]) -> torch.Tensor:
         try:
             image = Image.open(io.BytesIO(data)).convert("RGB").resize((SIZE, SIZE))
         except OSError as exc:
-            raise bls.InvalidRequest("video", f"frame {i} is not an image: {exc}", f"$.frames[{i}]")
+            why = f"frame {i} is not an image: {exc}"
+            raise bls.InvalidRequest("video", why, f"$.frames[{i}]") from None
         pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
         out.append(pixels.view(SIZE, SIZE, 3).permute(2, 0, 1).float() / 255)
     return torch.stack(out)
