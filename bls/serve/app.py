@@ -334,7 +334,7 @@ class Frontend:
             trace.close(root, "cancelled", "disconnect")
             self.metrics.cancelled("disconnect")
         except BaseException as exc:
-            error = error_for(exc)
+            error = error_for(exc, entry.name)
             if error.status == 500 and not isinstance(exc, HttpError):
                 log.error("request %s to %r failed", request.id, entry.name, exc_info=exc)
             if error.status == 504:

@@ -58,10 +58,17 @@ class HttpError(Exception):
         return _encode({"error": error})
 
 
-def error_for(exc: BaseException) -> HttpError:
-    """The HTTP answer for an exception a request ended with."""
+def error_for(exc: BaseException, entry: str = "") -> HttpError:
+    """The HTTP answer for an exception a request to ``entry`` ended with.
+
+    An :class:`InvalidRequest` the script raises about its own request (naming the entry
+    as its stage) is the client's error: 422 with the field. One a stage raised is the
+    script's (it built that request): 502.
+    """
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return error_for(exc.exceptions[0])
+        return error_for(exc.exceptions[0], entry)
+    if isinstance(exc, InvalidRequest) and entry and exc.stage == entry:
+        return HttpError(422, "invalid_request", exc.message, stage=exc.stage, path=exc.path)
     if isinstance(exc, HttpError):
         return exc
     if isinstance(exc, DeadlineExceeded):

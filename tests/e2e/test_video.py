@@ -58,6 +58,9 @@ def test_an_animated_png_the_same_inline_and_remote(workers: dict[str, Proc]) ->
         r = httpx.post(f"{inline.address}/v1/scripts/video", json=REQUEST, timeout=60)
         assert r.status_code == 200, r.text
         got = r.json()
+        bad = {**REQUEST, "frames": [REQUEST["frames"][0], base64.b64encode(b"nope").decode()]}
+        r = httpx.post(f"{inline.address}/v1/scripts/video", json=bad, timeout=60)
+        assert r.status_code == 422 and r.json()["error"]["path"] == "$.frames[1]"
     assert (got["frames"], got["width"], got["height"], got["steps"]) == (4, 128, 128, 8)
     image = Image.open(io.BytesIO(base64.b64decode(got["apng"])))
     assert image.format == "PNG" and image.is_animated and image.n_frames == 4
