@@ -27,7 +27,9 @@ from .console import (
     add_binding_args,
     add_common_args,
     add_connect_timeout_arg,
+    add_discovery_args,
     apply_connect_timeout,
+    apply_discovery,
     claim_stdout,
     emit,
     read_input,
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     add_binding_args(run)
     add_backend_arg(run)
     add_connect_timeout_arg(run, "then the run fails naming the stage")
+    add_discovery_args(run)
 
     check = sub.add_parser(
         "check",
@@ -100,6 +103,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, libraries="warning")
     app = App(args.script, config_file=args.config, binds=args.bind)
     apply_connect_timeout(app.config, args.connect_timeout)
+    apply_discovery(app.config, args)
     entry = app.entry(args.entry)
     req = entry.decode(read_input(args.input))
 

@@ -96,6 +96,7 @@ def _add_worker(sub: Any) -> None:
     console.add_connect_timeout_arg(
         p, "the worker starts anyway and takes the stage once one answers"
     )
+    console.add_discovery_args(p, worker=True)
     console.add_backend_arg(p)
     p.set_defaults(handler=_cmd_worker)
 
@@ -114,6 +115,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         raise ConfigError("--max-inflight and --max-inflight-per-caller must be at least 1")
     if args.curve_allow and not args.curve_secret:
         raise ConfigError("--curve-allow needs --curve-secret")
+    if args.advertise and not args.discovery:
+        raise ConfigError("--advertise needs --discovery")
+    if args.discovery and not args.advertise:
+        host = args.listen.partition("://")[2].rpartition(":")[0]
+        if host in ("0.0.0.0", "*", "[::]", "::"):
+            raise ConfigError(
+                f"--listen {args.listen} listens on every interface: give --advertise "
+                "tcp://THIS_HOST:PORT, the address callers reach this worker at"
+            )
     try:
         obj = load_target(args.target, Path.cwd())
     except (ImportError, ValueError, FileNotFoundError, SyntaxError) as exc:
@@ -132,6 +142,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.max_frame_bytes:
         config.transport.max_frame_bytes = args.max_frame_bytes
     console.apply_connect_timeout(config, args.connect_timeout)
+    console.apply_discovery(config, args)
     runtime = Runtime(make_bindings(config), start_unreachable=True)
     return anyio.run(
         lambda: run_worker(
@@ -146,6 +157,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             settings=config.transport,
             curve_secret=args.curve_secret,
             curve_allow=args.curve_allow,
+            register_at=args.discovery,
+            advertise=args.advertise,
+            namespace=config.transport.namespace,
             on_ready=lambda addr: console.emit(f"ready {addr}"),
         ),
         backend=args.backend,
@@ -230,6 +244,7 @@ def _add_serve(sub: Any) -> None:
     console.add_common_args(p)
     console.add_binding_args(p)
     console.add_connect_timeout_arg(p, "the server starts anyway (see above)")
+    console.add_discovery_args(p)
     console.add_backend_arg(p)
     p.set_defaults(handler=_cmd_serve)
 
@@ -258,6 +273,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
     app = App(args.script, config_file=args.config, binds=args.bind)
     console.apply_connect_timeout(app.config, args.connect_timeout)
+    console.apply_discovery(app.config, args)
     limits = Limits(
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout or None,

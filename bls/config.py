@@ -35,6 +35,7 @@ __all__ = [
 
 CONFIG_NAME = "bls.toml"
 REMOTE_SCHEMES = ("tcp://", "ipc://", "inproc://")
+DISCOVER_SCHEME = "etcd:"  # --bind NAME=etcd:STAGE: replicas found in etcd
 
 
 class ConfigError(ValueError):
@@ -42,10 +43,11 @@ class ConfigError(ValueError):
 
 
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``[stages.NAME]`` in ``bls.toml``: exactly one of ``inline``/``remote``."""
+    """``[stages.NAME]`` in ``bls.toml``: exactly one of ``inline``/``remote``/``discover``."""
 
     inline: str | None = None
     remote: list[str] | str | None = None
+    discover: str | None = None  # the stage name its workers register under in etcd
     options: dict[str, Any] = {}
     cache: dict[str, Any] | None = None
     # Where relative paths in this entry are resolved from, and where the entry was
@@ -54,6 +56,8 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     source: str = ""
 
     def target(self) -> str | list[str]:
+        if self.discover is not None:
+            return DISCOVER_SCHEME + self.discover
         if self.remote is not None:
             return [self.remote] if isinstance(self.remote, str) else list(self.remote)
         assert self.inline is not None
@@ -87,8 +91,9 @@ def _read(path: Path) -> Config:
     base = path.parent.resolve()
     for name, stage in config.stages.items():
         where = f"{path.resolve()}: [stages.{name}]"
-        if (stage.inline is None) == (stage.remote is None):
-            raise ConfigError(f"{where} needs exactly one of 'inline' or 'remote'")
+        given = [k for k in ("inline", "remote", "discover") if getattr(stage, k) is not None]
+        if len(given) != 1:
+            raise ConfigError(f"{where} needs exactly one of 'inline', 'remote' or 'discover'")
         stage.base = str(base)
         stage.source = where
         _check_target(where, stage)
@@ -127,7 +132,9 @@ def parse_bind(spec: str) -> tuple[str, StageConfig]:
         raise ConfigError(f"--bind {spec!r}: expected NAME=TARGET (e.g. judge=stages.py:judge)")
     base = str(Path.cwd())
     where = f"--bind {spec}"
-    if is_remote(target):
+    if target.startswith(DISCOVER_SCHEME):
+        config = StageConfig(discover=target[len(DISCOVER_SCHEME) :], base=base, source=where)
+    elif is_remote(target):
         remote = [t.strip() for t in target.split(",")]
         config = StageConfig(remote=remote, base=base, source=where)
     else:
@@ -190,6 +197,10 @@ def binding_for(
     or one or more comma-separated ``tcp://``/``ipc://`` addresses (remote replicas)."""
     if isinstance(target, Binding):
         return target
+    if isinstance(target, str) and target.startswith(DISCOVER_SCHEME):
+        from .transport.client import RemoteBinding
+
+        return RemoteBinding.discovered(name, target[len(DISCOVER_SCHEME) :], settings)
     if isinstance(target, (list, tuple)) or (isinstance(target, str) and is_remote(target)):
         from .transport.client import RemoteBinding  # zmq only for remote stages
 

@@ -21,7 +21,9 @@ __all__ = [
     "add_binding_args",
     "add_common_args",
     "add_connect_timeout_arg",
+    "add_discovery_args",
     "apply_connect_timeout",
+    "apply_discovery",
     "claim_stdout",
     "emit",
     "read_input",
@@ -63,6 +65,7 @@ def setup_logging(level: str, *, libraries: str | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("bls").setLevel(getattr(logging, level.upper()))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per etcd call otherwise
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -105,6 +108,38 @@ def apply_connect_timeout(config: object, seconds: float | None) -> None:
     if not seconds > 0:
         raise UsageError("--connect-timeout must be positive")
     config.transport.connect_timeout_s = seconds  # type: ignore[attr-defined]
+
+
+def add_discovery_args(p: argparse.ArgumentParser, *, worker: bool = False) -> None:
+    what = (
+        "register this worker in etcd (etcd://HOST:2379) under its stage name; also where "
+        "its own stages bound to etcd:NAME are found"
+        if worker
+        else 'etcd://HOST:2379, where stages bound to etcd:NAME (or discover = "NAME" in '
+        "bls.toml) find their workers"
+    )
+    p.add_argument("--discovery", metavar="URL", help=what)
+    p.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="the etcd namespace: keys under /NS/stages/ (default: bls)",
+    )
+    if worker:
+        p.add_argument(
+            "--advertise",
+            metavar="ADDR",
+            help="the address callers reach this worker at, as registered in etcd "
+            "(default: the --listen address, unless it listens on all interfaces)",
+        )
+
+
+def apply_discovery(config: object, args: argparse.Namespace) -> None:
+    """``--discovery``/``--namespace`` over the configuration's ``[transport]``."""
+    transport = config.transport  # type: ignore[attr-defined]
+    if args.discovery:
+        transport.discovery = args.discovery
+    if args.namespace:
+        transport.namespace = args.namespace
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:

@@ -75,13 +75,15 @@ async def serve_until_signal(
     noun: str,
     on_ready: Callable[[Any], None],
     stop: Callable[[anyio.abc.TaskGroup], Awaitable[None]],
+    before_drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Start ``run`` (``tg.start``-style; what it reports goes to ``on_ready``), wait for
     SIGTERM or SIGINT, drain ``server`` for ``grace`` s, then ``stop(task_group)``.
 
     The signal handlers are installed before ``run`` starts, so a signal that arrives as
     soon as the process says it is ready still drains. ``what`` names the server in the log
-    and ``noun`` its work ("call(s)", "request(s)").
+    and ``noun`` its work ("call(s)", "request(s)"). ``before_drain`` runs first on the
+    signal (a worker leaves discovery, so callers stop sending).
     """
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
@@ -95,6 +97,8 @@ async def serve_until_signal(
                     noun,
                     grace,
                 )
+                if before_drain is not None:
+                    await before_drain()
                 if not await server.drain(grace):
                     log.warning("%s: grace period over: cancelled the rest", what)
                 await stop(tg)

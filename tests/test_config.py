@@ -48,7 +48,7 @@ def test_relative_paths_are_resolved_against_the_file_that_names_them(tmp_path: 
     [
         (
             '[stages.a]\ninline = "m:a"\nremote = "tcp://h:1"\n',
-            "exactly one of 'inline' or 'remote'",
+            "exactly one of 'inline', 'remote' or 'discover'",
         ),
         ('[stages.a]\ninlin = "m:a"\n', "unknown field `inlin`"),
         ('[stages.a]\nremote = "h:5555"\n', "write tcp://h:5555"),
@@ -84,3 +84,25 @@ def test_unknown_stage_names_are_refused_with_the_closest_one(tmp_path: Path) ->
     near = _script(tmp_path / "b", '[stages.jugde]\ninline = "m:x"\n')  # a near miss
     with pytest.raises(ConfigError, match="did you mean 'judge'"):
         check_names(load_config(near), ["judge"], near)
+
+
+def test_discovered_stages_from_the_file_and_the_command_line(tmp_path: Path) -> None:
+    from bls.config import binding_for, make_bindings
+    from bls.transport.client import RemoteBinding
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    (tmp_path / "bls.toml").write_text(
+        '[stages.encoder]\ndiscover = "vision-encoder"\n\n'
+        '[transport]\ndiscovery = "etcd://etcd.local:2379"\nnamespace = "prod"\n'
+    )
+    config = load_config(script, binds=["judge=etcd:judge"])
+    bindings = make_bindings(config)
+    for name, registered_as in (("encoder", "vision-encoder"), ("judge", "judge")):
+        binding = bindings[name]
+        assert isinstance(binding, RemoteBinding)
+        assert binding.registered_as == registered_as
+        assert binding.description == f"etcd:{registered_as}"
+        assert binding.settings.discovery == "etcd://etcd.local:2379"
+        assert binding.settings.namespace == "prod"
+    assert isinstance(binding_for("x", "etcd:x"), RemoteBinding)

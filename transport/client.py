@@ -111,6 +111,13 @@ class Connection:
         # The binding's check of a replica that first answers after start-up: returns
         # why it is refused ("" to take it).
         self.vet: Callable[[WorkerInfo], str] | None = None
+        # Left discovery: no new calls; closed once the calls in flight have ended.
+        self.retired = False
+        self.scope: anyio.CancelScope | None = None
+
+    def close_when_idle(self) -> None:
+        if self.retired and not self.calls and self.scope is not None:
+            self.scope.cancel()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -231,6 +238,8 @@ class Connection:
     def finish(self, call: _Call) -> None:
         """Forget a call; if no final frame came, tell the worker to cancel it."""
         self.calls.pop(call.id, None)
+        if self.retired:
+            self.close_when_idle()
         if not call.done:
             call.done = True
             if self.alive:
@@ -291,7 +300,7 @@ class Connection:
         ):
             self._hello_error = f"{self.address} came back serving a different schema"
             log.error("stage %r: %s: refusing it", self.stage, self._hello_error)
-        elif self.info is None and self.vet is not None and (refusal := self.vet(info)):
+        elif self.vet is not None and (refusal := self.vet(info)):
             self._hello_error = f"{self.address}: {refusal}"
             self.reason = f"refused: {refusal}"
             log.error("stage %r: refusing %s", self.stage, self._hello_error)
@@ -370,28 +379,81 @@ class RemoteBinding(Binding):
     """A stage served by ``bls worker`` processes at ``addresses`` (replicas)."""
 
     def __init__(
-        self, name: str, addresses: list[str], settings: TransportConfig | None = None
+        self,
+        name: str,
+        addresses: list[str],
+        settings: TransportConfig | None = None,
+        *,
+        registered_as: str | None = None,
     ) -> None:
-        if not addresses:
+        if not addresses and registered_as is None:
             raise ValueError(f"stage {name!r}: no remote address given")
         self.name = name
         self.addresses = addresses
+        self.registered_as = registered_as  # discovered in etcd under this stage name
         self.settings = settings or TransportConfig()
-        self.description = "remote " + ",".join(addresses)
+        if registered_as is not None:
+            self.description = f"etcd:{registered_as}"
+        else:
+            self.description = "remote " + ",".join(addresses)
         self.signature = Signature(request=Any, response=Any, streaming=False)
         self.request_schema: dict[str, Any] = {}
         self.response_schema: dict[str, Any] = {}
         self.resolved = False  # the stage's types are known (a replica answered)
         self.connections: list[Connection] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._check: Callable[[], list[str]] | None = None  # the runtime's, for late replicas
+        self._answered: anyio.Event | None = None  # some replica was taken (made in open)
+        self._closers: list[Callable[[], Any]] = []
         self._codec = wire.Codec()
         self._result = wire.Codec()
         self._rr = 0
 
+    @classmethod
+    def discovered(
+        cls, name: str, registered_as: str, settings: TransportConfig | None = None
+    ) -> RemoteBinding:
+        """A stage whose replicas are the workers registered in etcd as ``registered_as``
+        (``[transport] discovery``): they join and leave while it runs."""
+        binding = cls(name, [], settings, registered_as=registered_as)
+        return binding
+
+    async def _run_connection(self, conn: Connection) -> None:
+        with anyio.CancelScope() as conn.scope:
+            await conn.run()
+        if conn in self.connections:
+            self.connections.remove(conn)
+
+    def set_replicas(self, addresses: set[str]) -> None:
+        """Make the replica set ``addresses``: connect to new ones; retire those gone (no
+        new calls; closed once their calls in flight end, which fail over as ever if the
+        worker dies)."""
+        assert self._tg is not None
+        known = {c.address: c for c in self.connections}
+        for address in sorted(addresses - known.keys()):
+            conn = Connection(address, self.name, self.settings)
+            conn.vet = self._vet
+            self.connections.append(conn)
+            self._tg.start_soon(self._run_connection, conn)
+            log.info("stage %r: replica %s joined", self.name, address)
+        for address, conn in known.items():
+            if address in addresses:
+                conn.retired = False
+            elif not conn.retired:
+                conn.retired = True
+                log.info("stage %r: replica %s left", self.name, address)
+                conn.close_when_idle()
+
     async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
-        if self.connections:
+        if self.connections or self._tg is not None:
             return
         if tg is None:
             raise RuntimeError("a remote binding needs the runtime's task group")
+        self._tg = tg
+        self._answered = anyio.Event()
+        if self.registered_as is not None:
+            await self._open_discovered(tg)
+            return
         for address in self.addresses:
             conn = Connection(address, self.name, self.settings)
             await tg.start(conn.run)
@@ -412,7 +474,6 @@ class RemoteBinding(Binding):
             raise OSError(f"stage {self.name!r}: no replica answered: {'; '.join(failures)}")
         for failure in failures:
             log.warning("stage %r: %s (will keep trying)", self.name, failure)
-        self._take_types(infos[0])
         first = infos[0]
         for other in infos[1:]:
             if (other.streaming, shape(other.request_schema), shape(other.response_schema)) != (
@@ -427,6 +488,61 @@ class RemoteBinding(Binding):
                     f"{other.request_type or other.request_schema} -> "
                     f"{other.response_type or other.response_schema}"
                 )
+        self._vet(first)
+        for conn in self.connections:
+            conn.vet = self._vet  # replicas that answer from now on
+
+    async def _open_discovered(self, tg: anyio.abc.TaskGroup) -> None:
+        from .discovery import Etcd, watch_replicas
+
+        url = self.settings.discovery
+        if not url:
+            raise OSError(
+                f"stage {self.name!r} is bound to etcd:{self.registered_as} but no etcd is "
+                f"given: --discovery etcd://HOST:2379 (or [transport] discovery)"
+            )
+        try:
+            etcd = Etcd(url)
+        except ValueError as exc:
+            raise OSError(str(exc)) from None
+        namespace = self.settings.namespace
+        assert self.registered_as is not None
+        tg.start_soon(watch_replicas, etcd, namespace, self.registered_as, self.set_replicas)
+        self._closers.append(etcd.aclose)
+        wait = self.settings.connect_timeout_s
+        assert self._answered is not None
+        with anyio.move_on_after(wait):
+            await self._answered.wait()
+            return
+        where = f"/{namespace}/stages/{self.registered_as}/ in etcd at {url}"
+        found = ", ".join(c.address for c in self.connections) or "no worker registered"
+        raise OSError(
+            f"stage {self.name!r}: no replica answered within {wait:g}s ({where}: {found})"
+        )
+
+    def _vet(self, info: WorkerInfo) -> str:
+        """Take a replica whose hello came (or refuse it, saying why): the first one gives
+        the stage its types; the others must serve the same schema."""
+        if self.resolved:
+            if (info.streaming, shape(info.request_schema), shape(info.response_schema)) != (
+                self.signature.streaming,
+                shape(self.request_schema),
+                shape(self.response_schema),
+            ):
+                return "it serves another schema than the stage's other replicas"
+            if self._answered is not None:
+                self._answered.set()
+            return ""
+        self._take_types(info)
+        problems = self._check() if self._check is not None else []
+        if problems:
+            self.resolved = False
+            self.signature = Signature(request=Any, response=Any, streaming=False)
+            self.request_schema, self.response_schema = {}, {}
+            return "; ".join(problems)
+        if self._answered is not None:
+            self._answered.set()
+        return ""
 
     def _take_types(self, info: WorkerInfo) -> None:
         """Take the types a replica serves as the stage's."""
@@ -444,27 +560,15 @@ class RemoteBinding(Binding):
         stage its types, if ``check()`` (the runtime's type checks, run against them)
         finds no problem; otherwise it is refused and logged, and the next one is tried.
         Replicas that answer later must serve the same schema as the first."""
-
-        def vet(info: WorkerInfo) -> str:
-            if self.resolved:
-                if (info.streaming, shape(info.request_schema), shape(info.response_schema)) != (
-                    self.signature.streaming,
-                    shape(self.request_schema),
-                    shape(self.response_schema),
-                ):
-                    return "it serves another schema than the stage's other replicas"
-                return ""
-            self._take_types(info)
-            problems = check()
-            if problems:
-                self.resolved = False
-                self.signature = Signature(request=Any, response=Any, streaming=False)
-                self.request_schema, self.response_schema = {}, {}
-                return "; ".join(problems)
-            return ""
-
+        self._check = check
         for conn in self.connections:
-            conn.vet = vet
+            conn.vet = self._vet
+
+    async def aclose(self) -> None:
+        for close in self._closers:
+            with anyio.CancelScope(shield=True):
+                await close()
+        self._closers.clear()
 
     @property
     def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -485,7 +589,7 @@ class RemoteBinding(Binding):
         )
 
     def ready(self) -> bool:
-        return any(c.alive for c in self.connections)
+        return any(c.alive and not c.retired for c in self.connections)
 
     def expect(self, tp: Any) -> None:
         super().expect(tp)
@@ -501,6 +605,7 @@ class RemoteBinding(Binding):
             conn = self.connections[(self._rr + i) % n]
             if (
                 conn.alive
+                and not conn.retired
                 and conn not in tried
                 and (best is None or len(conn.calls) < len(best.calls))
             ):

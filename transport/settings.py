@@ -17,3 +17,7 @@ class TransportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     max_frame_bytes: int = 256 * 1024 * 1024
     curve_server_key: str | None = None
     curve_secret: str | None = None
+    # Where stages bound with `discover = "NAME"` (or --bind NAME=etcd:NAME) find their
+    # workers: etcd://HOST:2379 (also --discovery), under /NAMESPACE/stages/NAME/.
+    discovery: str | None = None
+    namespace: str = "bls"

@@ -571,6 +571,9 @@ async def run_worker(
     max_inflight_per_caller: int | None = None,
     curve_secret: str | None = None,
     curve_allow: str | None = None,
+    register_at: str | None = None,
+    advertise: str | None = None,
+    namespace: str = "bls",
     on_ready: Callable[[str], None] = lambda addr: print(f"ready {addr}", flush=True),
 ) -> int:
     """``bls worker``: set up, serve until SIGTERM/SIGINT, drain for ``grace`` s, exit."""
@@ -616,14 +619,36 @@ async def run_worker(
                     await anyio.sleep(SETTLE_S)
                     tg.cancel_scope.cancel()
 
+                registration: Any = None
+
+                async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+                    nonlocal registration
+                    async with anyio.create_task_group() as tg:
+                        bound = await tg.start(server.serve)
+                        if register_at:
+                            # Serving does not wait for etcd: it registers when it can.
+                            from .discovery import Etcd, Registration
+
+                            registration = Registration(
+                                Etcd(register_at), namespace, stage, advertise or bound,
+                                server.instance,
+                            )  # fmt: skip
+                            tg.start_soon(registration.run)
+                        task_status.started(bound)
+
+                async def leave() -> None:
+                    if registration is not None:
+                        await registration.withdraw()
+
                 await serve_until_signal(
                     server,
-                    server.serve,
+                    serve,
                     grace=grace,
                     what=f"stage {stage!r}",
                     noun="call(s)",
                     on_ready=on_ready,
                     stop=stop,
+                    before_drain=leave,
                 )
             finally:
                 with anyio.CancelScope(shield=True):
