@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -34,32 +36,55 @@ def _free_port() -> int:
 
 
 class EtcdServer:
-    def __init__(self, data: Path) -> None:
+    """etcd on ``host`` (loopback, or a namespaced host's address with ``run`` the prefix
+    that runs a program there)."""
+
+    def __init__(self, data: Path, host: str = "127.0.0.1", run: list[str] | None = None) -> None:
         self.data = data
+        self.host = host
+        self.run = run or []
         self.client_port, self.peer_port = _free_port(), _free_port()
-        self.url = f"etcd://127.0.0.1:{self.client_port}"
+        self.url = f"etcd://{host}:{self.client_port}"
+        self.http = f"http://{host}:{self.client_port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         assert ETCD is not None
-        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         self.proc = subprocess.Popen(
-            [ETCD, "--data-dir", str(self.data), "--listen-client-urls", client,
-             "--advertise-client-urls", client,
-             "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
-             "--initial-cluster", f"default=http://127.0.0.1:{self.peer_port}"],
+            [*self.run, ETCD, "--data-dir", str(self.data), "--listen-client-urls", self.http,
+             "--advertise-client-urls", self.http, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
         def healthy() -> bool:
             try:
-                return httpx.get(f"{client}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
+                return self._get("/health").get("health") == "true"
+            except (httpx.HTTPError, ValueError, subprocess.SubprocessError):
                 return False
 
         wait_for(healthy, timeout=20, interval=0.05)
+
+    def _get(self, path: str) -> dict[str, Any]:
+        if not self.run:
+            return dict(httpx.get(f"{self.http}{path}", timeout=1).json())
+        out = subprocess.run(
+            [*self.run, "curl", "-s", "-m", "1", f"{self.http}{path}"],
+            capture_output=True, text=True, timeout=5,
+        )  # fmt: skip
+        return dict(json.loads(out.stdout))
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if not self.run:
+            return dict(httpx.post(f"{self.http}{path}", json=body, timeout=5).json())
+        out = subprocess.run(
+            [*self.run, "curl", "-s", "-m", "5", "-X", "POST", "-d", json.dumps(body),
+             f"{self.http}{path}"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+        return dict(json.loads(out.stdout))
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -72,15 +97,14 @@ class EtcdServer:
 
         end = bytearray(prefix.encode())
         end[-1] += 1
-        r = httpx.post(
-            f"http://127.0.0.1:{self.client_port}/v3/kv/range",
-            json={
+        got = self._post(
+            "/v3/kv/range",
+            {
                 "key": base64.b64encode(prefix.encode()).decode(),
                 "range_end": base64.b64encode(bytes(end)).decode(),
             },
-            timeout=5,
         )
         return {
             base64.b64decode(kv["key"]).decode(): base64.b64decode(kv["value"]).decode()
-            for kv in r.json().get("kvs", [])
+            for kv in got.get("kvs", [])
         }
