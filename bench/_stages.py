@@ -56,3 +56,16 @@ async def cancel_probe(req: Probe) -> AsyncIterator[float]:
         await anyio.sleep(3600)
     finally:
         _finally_times.append(time.time())
+
+
+_serial: list[anyio.Lock] = []
+
+
+async def serial(req: Blob) -> Blob:
+    """One call at a time, 10 ms each: a replica that serves 100 calls a second, whatever
+    the cores (the scaling benchmark's stand-in for a saturated encoder)."""
+    if not _serial:
+        _serial.append(anyio.Lock())
+    async with _serial[0]:
+        await anyio.sleep(0.01)
+    return req
