@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/openai.py
 	$(BIN)/python bench/ensemble.py
 	$(BIN)/python bench/epd.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -158,3 +158,23 @@ def test_discovery_on_trio_and_in_bls_run(etcd: EtcdServer) -> None:
     )  # fmt: skip
     assert out.returncode == 1
     assert "stage 'whoami'" in out.stderr and "/bls/stages/whoami/" in out.stderr, out.stderr
+
+
+def test_a_misfit_is_refused_the_others_serve_and_frontends_share_workers(
+    etcd: EtcdServer,
+) -> None:
+    binds = ["--bind", "whoami=etcd:whoami", "--discovery", etcd.url]
+    ticks = "tests/e2e/pipelines/remote_stages.py:ticks"
+    with worker(WHOAMI, "--discovery", etcd.url) as good:
+        wait_for(lambda: registered(etcd) == [good.address], timeout=10)
+        with serving(SERVED, *binds) as one, serving(SERVED, *binds) as two:
+            # A streaming worker registering as the unary stage `whoami`: refused and logged.
+            with worker(ticks, "--stage", "whoami", "--discovery", etcd.url) as misfit:
+                wait_for(lambda: len(registered(etcd)) == 2, timeout=10)
+                for frontend in (one, two):
+                    wait_for(lambda f=frontend: "refusing" in f.log(), timeout=10)  # type: ignore[misc]
+                    assert misfit.address in frontend.log()
+                    for _ in range(6):  # both frontends, every call: the good worker
+                        r = httpx.post(f"{frontend.address}/v1/scripts/greet", json={"text": "x"})
+                        assert r.status_code == 200 and r.json()["pid"] == good.pid
+                    assert httpx.get(f"{frontend.address}/ready").status_code == 200
