@@ -1,0 +1,96 @@
+"""bench/peers.py's Dynamo contender (runs in its own virtual environment): the same echo
+and the same two-component chain on the Dynamo runtime, with file discovery and the TCP
+request plane (no etcd, no NATS), on this host."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dynamo.runtime import DistributedRuntime, UnaryClient, serve_unary_endpoint
+
+PAYLOAD = {"data": "x" * 100}
+
+
+def runtime() -> DistributedRuntime:
+    return DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+
+
+async def serve(name: str) -> None:
+    rt = runtime()
+    endpoint = rt.endpoint(f"bench.{name}.generate")
+    if name == "first":
+        second = UnaryClient(await rt.endpoint("bench.second.generate").client())
+
+        async def handler(request: Any, *, context: Any) -> Any:
+            return await second.complete(request, context=context)
+    else:
+
+        async def handler(request: Any, *, context: Any) -> Any:
+            return request
+
+    print("ready", name, flush=True)
+    await serve_unary_endpoint(endpoint, handler)
+
+
+async def client(name: str) -> UnaryClient:
+    c = await runtime().endpoint(f"bench.{name}.generate").client()
+    await c.wait_for_instances()
+    return UnaryClient(c)
+
+
+async def measure(calls: int, inflight: int) -> dict[str, float]:
+    echo, chain = await client("echo"), await client("first")
+    for _ in range(200):
+        await echo.complete(PAYLOAD)
+    lat = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        await echo.complete(PAYLOAD)
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+
+    async def lane(n: int) -> None:
+        for _ in range(n):
+            await chain.complete(PAYLOAD)
+
+    await lane(100)
+    per = max(1, calls // inflight)
+    t = time.perf_counter()
+    await asyncio.gather(*(lane(per) for _ in range(inflight)))
+    rps = per * inflight / (time.perf_counter() - t)
+    return {
+        "unary_p50_us": statistics.median(lat) * 1e6,
+        "unary_p99_us": lat[int(len(lat) * 0.99)] * 1e6,
+        "chain_rps": rps,
+    }
+
+
+def main() -> None:
+    if sys.argv[1] == "--serve":
+        asyncio.run(serve(sys.argv[2]))
+        return
+    calls, inflight = int(sys.argv[1]), int(sys.argv[2])
+    procs = []
+    try:
+        for name in ("echo", "second", "first"):
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--serve", name],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+            procs.append(proc)
+            assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        print(json.dumps(asyncio.run(measure(calls, inflight))), flush=True)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+if __name__ == "__main__":
+    main()
