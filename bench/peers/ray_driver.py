@@ -17,13 +17,15 @@ from ray import serve
 PAYLOAD = {"data": "x" * 100}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0})  # 2 cores: do not reserve them
+# No CPU reserved (2 cores); as many calls at once as a `bls worker` takes by default.
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256)
 class Echo:
     async def __call__(self, req: dict) -> dict:
         return req
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0})  # 2 cores: do not reserve them
+# No CPU reserved (2 cores); as many calls at once as a `bls worker` takes by default.
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256)
 class First:
     def __init__(self, second) -> None:  # type: ignore[no-untyped-def]
         self.second = second
