@@ -84,9 +84,11 @@ def main() -> None:
         else:
             contenders[name] = (python, driver)
     env = dict(os.environ)
-    kv = tempfile.mkdtemp(prefix="bls-bench-dyn-")
-    env.update(DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=kv, DYN_REQUEST_PLANE="tcp",
-               DYN_LOG="error,router=error", RAY_USAGE_STATS_ENABLED="0")  # fmt: skip
+    env.update(
+        DYN_DISCOVERY_BACKEND="file", DYN_REQUEST_PLANE="tcp", DYN_LOG="error,router=error",
+        DYN_TCP_RPC_HOST="127.0.0.1", DYN_TCP_RESPONSE_STREAM_HOST="127.0.0.1",
+        RAY_USAGE_STATS_ENABLED="0",
+    )  # fmt: skip
     results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
     failed = {}
     for r in range(args.rounds):
