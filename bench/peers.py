@@ -59,6 +59,8 @@ def environment(name: str) -> tuple[str | None, str]:
 def run(
     python: str, driver: str, calls: int, inflight: int, env: dict[str, str]
 ) -> dict[str, float]:
+    # Dynamo's file discovery outlives killed processes: each run gets a fresh store.
+    env = {**env, "DYN_FILE_KV": tempfile.mkdtemp(prefix="bls-bench-dyn-")}
     out = subprocess.run(
         [python, str(HERE / "peers" / driver), str(calls), str(inflight)],
         capture_output=True, text=True, timeout=900, env=env,
