@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
 
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
-sys.path.insert(0, str(BENCH))
+sys.path[:0] = [str(BENCH), str(HERE)]
 from _procs import spawn  # noqa: E402
 from _stages import Blob  # noqa: E402
+from measure import measure as run  # noqa: E402
 
 import bls  # noqa: E402
 
@@ -25,31 +24,9 @@ PAYLOAD = Blob(data=b"x" * 100)
 
 async def measure(echo: str, chain: str, calls: int, inflight: int) -> dict[str, float]:
     async with bls.Runtime({"echo": echo, "first": chain}):
-        for _ in range(200):
-            await bls.stage("echo", PAYLOAD)
-        lat = []
-        for _ in range(calls):
-            t = time.perf_counter()
-            await bls.stage("echo", PAYLOAD)
-            lat.append(time.perf_counter() - t)
-        lat.sort()
-
-        async def lane(n: int) -> None:
-            for _ in range(n):
-                await bls.stage("first", PAYLOAD)
-
-        await lane(100)
-        per = max(1, calls // inflight)
-        t = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(inflight):
-                tg.start_soon(lane, per)
-        rps = per * inflight / (time.perf_counter() - t)
-    return {
-        "unary_p50_us": statistics.median(lat) * 1e6,
-        "unary_p99_us": lat[int(len(lat) * 0.99)] * 1e6,
-        "chain_rps": rps,
-    }
+        return await run(
+            lambda: bls.stage("echo", PAYLOAD), lambda: bls.stage("first", PAYLOAD), calls, inflight
+        )
 
 
 def main() -> None:
@@ -65,7 +42,8 @@ def main() -> None:
             [BLS, "worker", f"{HERE}/chain.py:first", "--bind", f"second={second}", *args]
         )
         procs += [echo_proc, second_proc, first_proc]
-        print(json.dumps(anyio.run(measure, echo, first, calls, inflight)), flush=True)
+        result = anyio.run(measure, echo, first, calls, inflight)  # asyncio
+        print(json.dumps(result), flush=True)
     finally:
         for proc in procs:
             proc.kill()

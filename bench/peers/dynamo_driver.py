@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 from dynamo.runtime import DistributedRuntime, UnaryClient, serve_unary_endpoint
 
-PAYLOAD = {"data": "x" * 100}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import PAYLOAD, measure
 
 
 def runtime() -> DistributedRuntime:
@@ -44,31 +44,11 @@ async def client(name: str) -> UnaryClient:
     return UnaryClient(c)
 
 
-async def measure(calls: int, inflight: int) -> dict[str, float]:
+async def both(calls: int, inflight: int) -> dict[str, float]:
     echo, chain = await client("echo"), await client("first")
-    for _ in range(200):
-        await echo.complete(PAYLOAD)
-    lat = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        await echo.complete(PAYLOAD)
-        lat.append(time.perf_counter() - t)
-    lat.sort()
-
-    async def lane(n: int) -> None:
-        for _ in range(n):
-            await chain.complete(PAYLOAD)
-
-    await lane(100)
-    per = max(1, calls // inflight)
-    t = time.perf_counter()
-    await asyncio.gather(*(lane(per) for _ in range(inflight)))
-    rps = per * inflight / (time.perf_counter() - t)
-    return {
-        "unary_p50_us": statistics.median(lat) * 1e6,
-        "unary_p99_us": lat[int(len(lat) * 0.99)] * 1e6,
-        "chain_rps": rps,
-    }
+    return await measure(
+        lambda: echo.complete(PAYLOAD), lambda: chain.complete(PAYLOAD), calls, inflight
+    )
 
 
 def main() -> None:
@@ -85,7 +65,7 @@ def main() -> None:
             )  # fmt: skip
             procs.append(proc)
             assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
-        print(json.dumps(asyncio.run(measure(calls, inflight))), flush=True)
+        print(json.dumps(asyncio.run(both(calls, inflight))), flush=True)
     finally:
         for proc in procs:
             proc.kill()

@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import sys
-import time
+from pathlib import Path
 
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ray
+from measure import PAYLOAD, measure
 from ray import serve
-
-PAYLOAD = {"data": "x" * 100}
 
 
 # No CPU reserved (2 cores); as many calls at once as a `bls worker` takes by default.
@@ -34,32 +33,6 @@ class First:
         return await self.second.remote(req)
 
 
-async def measure(echo, chain, calls: int, inflight: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    for _ in range(200):
-        await echo.remote(PAYLOAD)
-    lat = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        await echo.remote(PAYLOAD)
-        lat.append(time.perf_counter() - t)
-    lat.sort()
-
-    async def lane(n: int) -> None:
-        for _ in range(n):
-            await chain.remote(PAYLOAD)
-
-    await lane(100)
-    per = max(1, calls // inflight)
-    t = time.perf_counter()
-    await asyncio.gather(*(lane(per) for _ in range(inflight)))
-    rps = per * inflight / (time.perf_counter() - t)
-    return {
-        "unary_p50_us": statistics.median(lat) * 1e6,
-        "unary_p99_us": lat[int(len(lat) * 0.99)] * 1e6,
-        "chain_rps": rps,
-    }
-
-
 def main() -> None:
     calls, inflight = int(sys.argv[1]), int(sys.argv[2])
     ray.init(
@@ -74,7 +47,8 @@ def main() -> None:
     echo = serve.run(Echo.bind(), name="echo", route_prefix=None)
     chain = serve.run(First.bind(Echo.bind()), name="chain", route_prefix=None)
     try:
-        print(json.dumps(asyncio.run(measure(echo, chain, calls, inflight))), flush=True)
+        run = measure(lambda: echo.remote(PAYLOAD), lambda: chain.remote(PAYLOAD), calls, inflight)
+        print(json.dumps(asyncio.run(run)), flush=True)
     finally:
         serve.shutdown()
         ray.shutdown()

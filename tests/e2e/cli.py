@@ -9,6 +9,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BLS = str(Path(sys.executable).with_name("bls"))
+# The tiny generator as every vision example binds it (their bls.toml options).
+GENERATOR_OPTIONS = [
+    "--option",
+    "max_model_len=256",
+    "--option",
+    "enforce_eager=true",
+    "--option",
+    "enable_prompt_embeds=true",
+    "--option",
+    "dtype=float32",
+]
 
 
 def bls_env(**extra: str) -> dict[str, str]:

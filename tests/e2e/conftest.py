@@ -6,19 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from .cli import GENERATOR_OPTIONS
 from .procs import Proc, start, stop
-
-# The tiny generator as every vision example binds it (their bls.toml options).
-GENERATOR_OPTIONS = [
-    "--option",
-    "max_model_len=256",
-    "--option",
-    "enforce_eager=true",
-    "--option",
-    "enable_prompt_embeds=true",
-    "--option",
-    "dtype=float32",
-]
 
 
 @pytest.fixture(scope="session")

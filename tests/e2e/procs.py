@@ -136,3 +136,14 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01) -> float:
         if time.monotonic() - start_t > timeout:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def last_spans(url: str) -> list[dict[str, object]]:
+    """The spans of the most recent request a `bls serve` at ``url`` finished, as
+    ``/debug/requests`` gives them, the caller's own (not those its workers reported)."""
+    import httpx
+
+    accept = {"accept": "application/json"}
+    trace = httpx.get(f"{url}/debug/requests", headers=accept).json()[0]
+    spans = httpx.get(f"{url}/debug/requests/{trace['id']}", headers=accept).json()["spans"]
+    return [span for span in spans if not span["remote"]]

@@ -6,23 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import bls_env, require_vllm, run_bls
+from .cli import GENERATOR_OPTIONS, bls_env, require_vllm, run_bls
 from .procs import start, stop
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
 SCRIPT = "examples/describe/describe.py"
 REQUEST = "@examples/describe/request.json"
-GENERATOR = [
-    "--option",
-    "max_model_len=256",
-    "--option",
-    "enforce_eager=true",
-    "--option",
-    "enable_prompt_embeds=true",
-    "--option",
-    "dtype=float32",
-]
 
 
 def parts(stdout: str) -> list[dict[str, object]]:
@@ -50,7 +40,7 @@ def test_describe_runs_the_same_inline_and_remote(tmp_path: Path) -> None:
         for target, extra in (
             ("bls.models.encoder:VisionEncoder", []),
             ("bls.models.encoder:Classifier", []),
-            ("bls.models.vllm:VllmWorker", GENERATOR),
+            ("bls.models.vllm:VllmWorker", GENERATOR_OPTIONS),
         ):
             procs.append(
                 start(

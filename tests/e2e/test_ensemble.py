@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from .cli import ROOT, bls_env, require_vllm, run_bls
-from .procs import Proc, serving, start, stop, wait_for
+from .procs import Proc, last_spans, serving, start, stop, wait_for
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
@@ -63,14 +63,7 @@ def test_the_same_answer_inline_remote_and_by_hand(
     with serving(SCRIPT, *_binds(workers, "encoder", "classifier", "generator")) as remote:
         assert events(remote.address) == got
         # The two branches ran at once: the classifier's span lies within the generation's.
-        trace = httpx.get(
-            f"{remote.address}/debug/requests", headers={"accept": "application/json"}
-        ).json()[0]
-        spans = httpx.get(
-            f"{remote.address}/debug/requests/{trace['id']}",
-            headers={"accept": "application/json"},
-        ).json()["spans"]
-        by_name = {s["name"]: s for s in spans if not s["remote"]}
+        by_name = {s["name"]: s for s in last_spans(remote.address)}
         classify, generate = by_name["classifier"], by_name["generator"]
         assert classify["start"] < generate["end"] and generate["start"] < classify["end"]
         assert by_name["encoder"]["end"] <= min(classify["start"], generate["start"])

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from .cli import ROOT, require_models
-from .procs import Proc, serving, start, stop, wait_for
+from .procs import Proc, last_spans, serving, start, stop, wait_for
 
 require_models()
 
@@ -70,14 +70,7 @@ def test_an_animated_png_the_same_inline_and_remote(workers: dict[str, Proc]) ->
         r = httpx.post(f"{remote.address}/v1/scripts/video", json=REQUEST, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json() == got  # the same bytes
-        trace = httpx.get(
-            f"{remote.address}/debug/requests", headers={"accept": "application/json"}
-        ).json()[0]
-        spans = httpx.get(
-            f"{remote.address}/debug/requests/{trace['id']}",
-            headers={"accept": "application/json"},
-        ).json()["spans"]
-    local = [s for s in spans if not s["remote"]]
+        local = last_spans(remote.address)
     frames = next(s for s in local if s["name"] == "frame_encoder")
     text = next(s for s in local if s["name"] == "text_encoder")
     assert frames["start"] < text["end"] and text["start"] < frames["end"]  # at once
