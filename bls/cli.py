@@ -162,6 +162,15 @@ def _describe_error(exc: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``bls`` console script."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`bls run ... | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -172,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except SystemExit:
+    except (SystemExit, BrokenPipeError):
         raise
     except BaseException as exc:
         message = _describe_error(exc)

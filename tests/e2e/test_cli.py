@@ -265,3 +265,20 @@ def test_a_request_field_with_a_typo_is_refused_by_name() -> None:
     out = run_bls("run", "examples/hello.py", "--input", '{"text": "hi", "max_attemps": 1}')
     assert out.returncode == 1
     assert "unknown field `max_attemps`" in out.stderr
+
+
+def test_a_reader_that_goes_away_stops_the_run_quietly() -> None:
+    import subprocess
+
+    from .cli import BLS
+
+    proc = subprocess.Popen(
+        [BLS, "run", "tests/e2e/served/served.py", "--entry", "count",
+         "--input", '{"text": "", "n": 1000000}'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert json.loads(proc.stdout.readline()) == {"i": 0}
+    proc.stdout.close()  # as `| head -1` does
+    assert proc.wait(timeout=60) == 141
+    assert b"error:" not in proc.stderr.read()
