@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli import GENERATOR_OPTIONS, bls_env, require_vllm, run_bls
-from .procs import start, stop
+from .cli import bls_env, require_vllm, run_bls
+from .procs import Proc
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
@@ -19,7 +19,9 @@ def parts(stdout: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in stdout.splitlines()]
 
 
-def test_describe_runs_the_same_inline_and_remote(tmp_path: Path) -> None:
+def test_describe_runs_the_same_inline_and_remote(
+    tmp_path: Path, vision_workers: dict[str, Proc]
+) -> None:
     # An empty cache, as on a new machine: the first run builds the tiny model, and what
     # building prints must not reach stdout.
     env = bls_env(TMPDIR=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"))
@@ -35,37 +37,11 @@ def test_describe_runs_the_same_inline_and_remote(tmp_path: Path) -> None:
     assert "building the tiny test model" in inline.stderr  # progress, on stderr
     assert "force killing" not in inline.stderr
 
-    procs = []
-    try:
-        for target, extra in (
-            ("bls.models.encoder:VisionEncoder", []),
-            ("bls.models.encoder:Classifier", []),
-            ("bls.models.vllm:VllmWorker", GENERATOR_OPTIONS),
-        ):
-            procs.append(
-                start(
-                    ["worker", target, "--listen", "tcp://127.0.0.1:0", *extra],
-                    ready_timeout=240,
-                    env=env,
-                )
-            )
-        encoder, classifier, generator = (p.address for p in procs)
-        remote = run_bls(
-            "run",
-            SCRIPT,
-            "--input",
-            REQUEST,
-            "--bind",
-            f"encoder={encoder}",
-            "--bind",
-            f"classifier={classifier}",
-            "--bind",
-            f"generator={generator}",
-            timeout=120,
-            env=env,
-        )
-    finally:
-        for proc in procs:
-            stop(proc.popen)
+    # The same with every stage in a `bls worker` (the session's: they built the model
+    # in their own cache, from the same seed).
+    binds = [
+        f"--bind={n}={vision_workers[n].address}" for n in ("encoder", "classifier", "generator")
+    ]
+    remote = run_bls("run", SCRIPT, "--input", REQUEST, *binds, timeout=120, env=env)
     assert remote.returncode == 0, remote.stderr[-3000:]
     assert parts(remote.stdout) == got
