@@ -174,3 +174,17 @@ def test_vllms_benchmark_client_counts_every_token(served: Proc, tmp_path: Path)
     assert result["failed"] == 0
     # Counted from the usage chunk: exactly what the engine generated.
     assert result["total_output_tokens"] == prompts * output_len
+
+
+def test_bls_bench_drives_the_chat_route(served: Proc) -> None:
+    from .cli import run_bls
+
+    for stream in ([], ["--stream"]):
+        out = run_bls(
+            "bench", served.address, "--chat", "--input", "@examples/chat/request.json",
+            "-n", "4", "-c", "2", "--json", *stream, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        summary = json.loads(out.stdout)
+        assert summary["ok"] == 4 and summary["errors"] == {}
+        assert (summary["first_item_ms"] is not None) == bool(stream)
