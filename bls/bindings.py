@@ -97,6 +97,12 @@ class Binding:
         """Whether calls can be made now (remote: some replica is connected)."""
         return True
 
+    def resolve_later(self, check: Callable[[], list[str]]) -> bool:
+        """Whether the binding can run before it can answer (a remote stage whose workers
+        are not up yet). If it can, it takes ``check`` to vet the types it learns later
+        (the problems found, none to accept them) and returns True; most cannot: False."""
+        return False
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {self.description}>"
 

@@ -35,7 +35,7 @@ import collections
 import contextvars
 import hashlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -170,10 +170,22 @@ class CachedBinding(Binding):
     def type_labels(self) -> tuple[str, str]:
         return self.inner.type_labels
 
+    def _unary_only(self) -> str:
+        if self.inner.signature.streaming:
+            return f"stage {self.name!r}: a cache goes in front of unary stages only"
+        return ""
+
     async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
         await self.inner.open(tg)
-        if self.inner.signature.streaming:
-            raise OSError(f"stage {self.name!r}: a cache goes in front of unary stages only")
+        if problem := self._unary_only():
+            raise OSError(problem)
+
+    def resolve_later(self, check: Callable[[], list[str]]) -> bool:
+        def checked() -> list[str]:
+            problem = self._unary_only()
+            return [problem] if problem else check()
+
+        return self.inner.resolve_later(checked)
 
     async def start(self) -> None:
         await self.inner.start()

@@ -85,6 +85,12 @@ def current() -> Runtime:
     return rt
 
 
+def _expect(name: str, binding: Binding) -> None:
+    """Results come back in the declared type, or else in the worker's own."""
+    decl = _declared.get(name)
+    binding.expect(decl.response if decl is not None else binding.signature.response)
+
+
 def type_problems(name: str, binding: Binding) -> list[str]:
     """Why a typed handle's declared types and a binding's signature disagree."""
     decl = _declared.get(name)
@@ -234,16 +240,13 @@ class Runtime:
             try:
                 await binding.open(tg)
             except OSError as exc:
-                later = getattr(binding, "resolve_later", None) or getattr(
-                    getattr(binding, "inner", None), "resolve_later", None
-                )
-                if self._start_unreachable and later is not None:
+                late = partial(self._late_problems, name, binding)
+                if self._start_unreachable and binding.resolve_later(late):
                     log.warning(
                         "%s; starting without it: its calls fail with 'unavailable' (and "
                         "/ready answers 503) until a replica answers",
                         exc,
                     )
-                    later(partial(self._late_problems, name, binding))
                 else:
                     problems.append(str(exc))
                 unopened.append(name)
@@ -251,8 +254,7 @@ class Runtime:
             problems.extend(type_problems(name, binding))
         problems.extend(use_problems(self._uses, self._bindings, unopened))
         for name, binding in self._bindings.items():
-            decl = _declared.get(name)
-            binding.expect(decl.response if decl is not None else binding.signature.response)
+            _expect(name, binding)
         return problems
 
     def _late_problems(self, name: str, binding: Binding) -> list[str]:
@@ -260,8 +262,7 @@ class Runtime:
         uses = [use for use in self._uses if use.name == name]
         problems = type_problems(name, binding) + use_problems(uses, {name: binding})
         if not problems:
-            decl = _declared.get(name)
-            binding.expect(decl.response if decl is not None else binding.signature.response)
+            _expect(name, binding)
         return problems
 
     async def start(self) -> None:

@@ -238,8 +238,7 @@ class Connection:
     def finish(self, call: _Call) -> None:
         """Forget a call; if no final frame came, tell the worker to cancel it."""
         self.calls.pop(call.id, None)
-        if self.retired:
-            self.close_when_idle()
+        self.close_when_idle()
         if not call.done:
             call.done = True
             if self.alive:
@@ -293,11 +292,7 @@ class Connection:
             return
         if info.error:
             self._hello_error = f"{self.address}: {info.error}"
-        elif self.info is not None and (
-            shape(info.request_schema) != shape(self.info.request_schema)
-            or shape(info.response_schema) != shape(self.info.response_schema)
-            or info.streaming != self.info.streaming
-        ):
+        elif self.info is not None and _serves(info) != _serves(self.info):
             self._hello_error = f"{self.address} came back serving a different schema"
             log.error("stage %r: %s: refusing it", self.stage, self._hello_error)
         elif self.vet is not None and (refusal := self.vet(info)):
@@ -363,6 +358,11 @@ def _resolve(path: str) -> Any:
     return obj if isinstance(obj, type) else Any
 
 
+def _serves(info: WorkerInfo) -> tuple[bool, Any, Any]:
+    """What a replica serves, for telling whether two serve the same stage."""
+    return info.streaming, shape(info.request_schema), shape(info.response_schema)
+
+
 def _adopt(call: _Call) -> None:
     """Hang the spans a traced call's worker reported under the call's own span."""
     ctx = active()
@@ -399,7 +399,7 @@ class RemoteBinding(Binding):
         self.signature = Signature(request=Any, response=Any, streaming=False)
         self.request_schema: dict[str, Any] = {}
         self.response_schema: dict[str, Any] = {}
-        self.resolved = False  # the stage's types are known (a replica answered)
+        self._served: tuple[bool, Any, Any] | None = None  # what its replicas serve, once known
         self.connections: list[Connection] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self._check: Callable[[], list[str]] | None = None  # the runtime's, for late replicas
@@ -415,8 +415,7 @@ class RemoteBinding(Binding):
     ) -> RemoteBinding:
         """A stage whose replicas are the workers registered in etcd as ``registered_as``
         (``[transport] discovery``): they join and leave while it runs."""
-        binding = cls(name, [], settings, registered_as=registered_as)
-        return binding
+        return cls(name, [], settings, registered_as=registered_as)
 
     async def _run_connection(self, conn: Connection) -> None:
         with anyio.CancelScope() as conn.scope:
@@ -476,11 +475,7 @@ class RemoteBinding(Binding):
             log.warning("stage %r: %s (will keep trying)", self.name, failure)
         first = infos[0]
         for other in infos[1:]:
-            if (other.streaming, shape(other.request_schema), shape(other.response_schema)) != (
-                first.streaming,
-                shape(first.request_schema),
-                shape(first.response_schema),
-            ):
+            if _serves(other) != _serves(first):
                 raise OSError(
                     f"stage {self.name!r}: replicas disagree: one serves "
                     f"{first.request_type or first.request_schema} -> "
@@ -523,12 +518,8 @@ class RemoteBinding(Binding):
     def _vet(self, info: WorkerInfo) -> str:
         """Take a replica whose hello came (or refuse it, saying why): the first one gives
         the stage its types; the others must serve the same schema."""
-        if self.resolved:
-            if (info.streaming, shape(info.request_schema), shape(info.response_schema)) != (
-                self.signature.streaming,
-                shape(self.request_schema),
-                shape(self.response_schema),
-            ):
+        if self._served is not None:
+            if _serves(info) != self._served:
                 return "it serves another schema than the stage's other replicas"
             if self._answered is not None:
                 self._answered.set()
@@ -536,7 +527,7 @@ class RemoteBinding(Binding):
         self._take_types(info)
         problems = self._check() if self._check is not None else []
         if problems:
-            self.resolved = False
+            self._served = None
             self.signature = Signature(request=Any, response=Any, streaming=False)
             self.request_schema, self.response_schema = {}, {}
             return "; ".join(problems)
@@ -553,9 +544,14 @@ class RemoteBinding(Binding):
         )
         self.request_schema = info.request_schema
         self.response_schema = info.response_schema
-        self.resolved = True
+        self._served = _serves(info)
 
-    def resolve_later(self, check: Callable[[], list[str]]) -> None:
+    @property
+    def resolved(self) -> bool:
+        """Whether the stage's types are known (a replica answered)."""
+        return self._served is not None
+
+    def resolve_later(self, check: Callable[[], list[str]]) -> bool:
         """Start without a replica (none answered yet): the first that answers gives the
         stage its types, if ``check()`` (the runtime's type checks, run against them)
         finds no problem; otherwise it is refused and logged, and the next one is tried.
@@ -563,6 +559,7 @@ class RemoteBinding(Binding):
         self._check = check
         for conn in self.connections:
             conn.vet = self._vet
+        return True
 
     async def aclose(self) -> None:
         for close in self._closers:
