@@ -43,8 +43,11 @@ def _callee(node: ast.expr) -> tuple[str, bool] | None:
     return None
 
 
-def _stage_calls(path: str | Path) -> list[tuple[ast.Call, bool]]:
-    tree = ast.parse(Path(path).read_text(), filename=str(path))
+def _parse(path: str | Path) -> ast.Module:
+    return ast.parse(Path(path).read_text(), filename=str(path))
+
+
+def _stage_calls(tree: ast.Module) -> list[tuple[ast.Call, bool]]:
     calls = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.args:
@@ -77,13 +80,13 @@ def find_stage_uses(path: str | Path, module: Any = None) -> list[StageUse]:
     """Every ``stage("x")``, ``stage.stream("x")``, ``Stage("x", ...)`` with a literal name;
     with the loaded ``module``, also every call of a typed handle it imported."""
     uses = []
-    for node, streaming in _stage_calls(path):
+    tree = _parse(path)
+    for node, streaming in _stage_calls(tree):
         name = _literal(node)
         if name is not None:
             uses.append(StageUse(name, streaming, str(path), node.lineno))
     handles = _handles(module) if module is not None else {}
     if handles:
-        tree = ast.parse(Path(path).read_text(), filename=str(path))
         for call in ast.walk(tree):
             if (
                 isinstance(call, ast.Call)
@@ -98,4 +101,4 @@ def find_stage_uses(path: str | Path, module: Any = None) -> list[StageUse]:
 def names_stages_dynamically(path: str | Path) -> bool:
     """Whether the script calls a stage by a computed name (``stage(name, req)``), so
     the names it uses cannot all be read from its source."""
-    return any(_literal(node) is None for node, _ in _stage_calls(path))
+    return any(_literal(node) is None for node, _ in _stage_calls(_parse(path)))

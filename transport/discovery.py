@@ -139,7 +139,6 @@ class Registration:
         self.value = json.dumps({"address": address, "instance": instance, "stage": stage})
         self.stage = stage
         self.lease: str | None = None
-        self.registered = anyio.Event()
         self._scope: anyio.CancelScope | None = None
 
     async def run(self) -> None:
@@ -151,7 +150,6 @@ class Registration:
                     self.lease = await self.etcd.grant(LEASE_TTL_S)
                     await self.etcd.put(self.key, self.value, self.lease)
                     log.info("stage %r: registered in etcd as %s", self.stage, self.key)
-                    self.registered.set()
                     while True:
                         if not await self.etcd.keepalive(self.lease):
                             break

@@ -639,6 +639,7 @@ async def run_worker(
                 async def leave() -> None:
                     if registration is not None:
                         await registration.withdraw()
+                        await registration.etcd.aclose()
 
                 await serve_until_signal(
                     server,
