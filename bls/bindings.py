@@ -24,6 +24,7 @@ import msgspec
 from .entry import Script
 from .errors import InvalidRequest, StageError
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
+from .scope import NO_CONTEXT, CallContext
 from .worker import Worker
 
 __all__ = ["Binding", "InlineBinding", "load_target", "worker_error"]
@@ -36,6 +37,10 @@ class Binding:
     hello) → ``start`` (set up: load models) → calls → ``aclose``. ``bls check`` only
     opens. ``call``/``stream`` return raw values; the runtime converts them to the
     types the script expects, the same way for every kind of binding.
+
+    Each call is handed its :class:`~bls.scope.CallContext`: the deadline to carry and
+    the span to record into (a remote binding sends both). Code an inline binding runs
+    sees the same context as current, so its own stage calls nest under the call.
     """
 
     name: str
@@ -63,9 +68,9 @@ class Binding:
                 f"result does not match {type_name(self.result_type)}: {exc}",
             ) from None
 
-    async def invoke(self, req: Any) -> Any:
+    async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         """What ``await stage(name, req)`` runs: ``call`` then :meth:`result`."""
-        return self.result(await self.call(req))
+        return self.result(await self.call(req, ctx))
 
     async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
         """Learn the signature. May connect (background tasks go in ``tg``, which lives
@@ -77,10 +82,10 @@ class Binding:
     async def aclose(self) -> None:
         """Release everything. Safe to call more than once, and after a failed start."""
 
-    async def call(self, req: Any) -> Any:
+    async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is streaming")
 
-    def stream(self, req: Any) -> AsyncIterator[Any]:
+    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
         raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is unary")
 
     @property
@@ -218,7 +223,7 @@ class InlineBinding(Binding):
         except msgspec.ValidationError as exc:
             raise InvalidRequest.from_validation(self.name, exc) from None
 
-    async def call(self, req: Any) -> Any:
+    async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         if self.signature.streaming:
             return await Binding.call(self, req)
         if self._req_fast is None or not isinstance(req, self._req_fast):
@@ -230,7 +235,7 @@ class InlineBinding(Binding):
         except Exception as exc:
             raise worker_error(self.name, exc) from exc
 
-    async def invoke(self, req: Any) -> Any:
+    async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         # Binding.invoke with call() inlined: one coroutine fewer on the hot path.
         if self.signature.streaming:
             return await Binding.call(self, req)
@@ -246,7 +251,7 @@ class InlineBinding(Binding):
             return value
         return self.result(value)
 
-    def stream(self, req: Any) -> AsyncIterator[Any]:
+    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
         if not self.signature.streaming:
             return Binding.stream(self, req)
         return _InlineStream(self.name, self._fn(self._request(req)))

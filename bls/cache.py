@@ -46,6 +46,7 @@ import msgspec
 from .bindings import Binding
 from .errors import InvalidRequest, StageError
 from .messages import Signature, convert
+from .scope import NO_CONTEXT, CallContext
 
 __all__ = ["CacheOptions", "CacheReport", "CacheStats", "CachedBinding", "cache_report"]
 
@@ -200,8 +201,8 @@ class CachedBinding(Binding):
         super().expect(tp)
         self.inner.expect(tp)
 
-    def stream(self, req: Any) -> AsyncIterator[Any]:
-        return self.inner.stream(req)
+    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
+        return self.inner.stream(req, ctx)
 
     # -- the cache --------------------------------------------------------------------
 
@@ -230,10 +231,10 @@ class CachedBinding(Binding):
             self.stats.evictions += 1
         self.stats.entries = len(self._lru)
 
-    async def call(self, req: Any) -> Any:
-        return await self.invoke(req)
+    async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
+        return await self.invoke(req, ctx)
 
-    async def invoke(self, req: Any) -> Any:
+    async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         # The worker's own type first: a dict and a message with the same content (and
         # the defaults filled in) are the same request.
         try:
@@ -242,14 +243,14 @@ class CachedBinding(Binding):
             raise InvalidRequest.from_validation(self.name, exc) from None
         field = self.options.items
         if field is None:
-            (value,) = await self._resolve([self._key(req)], req, None)
+            (value,) = await self._resolve([self._key(req)], req, None, ctx)
             return value
         try:
             items = list(_get(req, field))
         except (AttributeError, KeyError, TypeError):
             raise self._misconfigured(f"the request has no list field {field!r}") from None
         base = _with(req, field, [])
-        values = await self._resolve([self._key(base, item) for item in items], req, items)
+        values = await self._resolve([self._key(base, item) for item in items], req, items, ctx)
         results_field = self.options.results
         assert results_field is not None
         try:
@@ -262,7 +263,9 @@ class CachedBinding(Binding):
     def _misconfigured(self, why: str) -> Exception:
         return StageError(self.name, "cache_config", f"cache items={self.options.items!r}: {why}")
 
-    async def _resolve(self, keys: list[bytes], req: Any, items: list[Any] | None) -> list[Any]:
+    async def _resolve(
+        self, keys: list[bytes], req: Any, items: list[Any] | None, ctx: CallContext
+    ) -> list[Any]:
         """Values for ``keys``: hits, waits on flights, and one call for the rest."""
         missing = object()
         values: list[Any] = [missing] * len(keys)
@@ -285,7 +288,7 @@ class CachedBinding(Binding):
                 else:
                     mine[key] = [i]
             if mine:
-                await self._compute(mine, req, items, values)
+                await self._compute(mine, req, items, values, ctx)
                 computed += sum(len(positions) for positions in mine.values())
             for i, flight in theirs:
                 await flight.done.wait()
@@ -307,17 +310,18 @@ class CachedBinding(Binding):
         req: Any,
         items: list[Any] | None,
         values: list[Any],
+        ctx: CallContext,
     ) -> None:
         flights = {key: _Flight() for key in mine}
         self._flights.update(flights)
         self.stats.misses += len(mine)
         try:
             if items is None:
-                results = [await self.inner.invoke(req)]
+                results = [await self.inner.invoke(req, ctx)]
             else:
                 wanted = [items[positions[0]] for positions in mine.values()]
                 assert self.options.items is not None and self.options.results is not None
-                answer = await self.inner.invoke(_with(req, self.options.items, wanted))
+                answer = await self.inner.invoke(_with(req, self.options.items, wanted), ctx)
                 results = list(_get(answer, self.options.results))
                 if len(results) != len(wanted):
                     raise self._misconfigured(

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from functools import partial
@@ -27,8 +25,8 @@ from .config import binding_for
 from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature, compatible, type_name
-from .timeouts import deadline_at, reset_deadline
-from .tracing import active, traced_call, traced_stream
+from .scope import CallContext, RequestScope, traced_call, traced_stream
+from .scope import current as current_context
 
 log = logging.getLogger("bls")
 
@@ -154,12 +152,12 @@ class StageStream:
     point rather than when the iterator is collected.
     """
 
-    __slots__ = ("_binding", "_it", "_req", "_trace")
+    __slots__ = ("_binding", "_ctx", "_it", "_req")
 
-    def __init__(self, binding: Binding, req: Any, trace: Any = None) -> None:
+    def __init__(self, binding: Binding, req: Any, ctx: CallContext) -> None:
         self._binding = binding
         self._req = req
-        self._trace = trace
+        self._ctx = ctx
         self._it: AsyncIterator[Any] | None = None
 
     def __aiter__(self) -> StageStream:
@@ -167,11 +165,12 @@ class StageStream:
 
     async def __anext__(self) -> Any:
         if self._it is None:
-            it = self._binding.stream(self._req)
-            if self._trace is not None:
-                binding = self._binding
-                it = traced_stream(self._trace, binding.name, binding.description, it)
-            self._it = it
+            binding, ctx = self._binding, self._ctx
+            if ctx.trace is None:
+                self._it = binding.stream(self._req, ctx)
+            else:
+                opener = partial(binding.stream, self._req)
+                self._it = traced_stream(ctx, binding.name, binding.description, opener)
         return self._binding.result(await self._it.__anext__())
 
     async def aclose(self) -> None:
@@ -321,20 +320,16 @@ class Runtime:
         binding = self._bindings.get(name)
         if binding is None:
             return _not_bound(name, list(self._bindings))
-        ctx = active()
-        if ctx is None:
-            return binding.invoke(req)
-        return traced_call(ctx, name, binding.description, binding.invoke(req))
+        ctx = current_context()
+        if ctx.trace is None:
+            return binding.invoke(req, ctx)
+        return traced_call(ctx, name, binding.description, partial(binding.invoke, req))
 
     def stream(self, name: str, req: Any) -> StageStream:
         """Open a streaming stage call (lazily: nothing is sent until iterated)."""
-        return StageStream(self.binding(name), req, active())
+        return StageStream(self.binding(name), req, current_context())
 
     # -- requests ---------------------------------------------------------------------
-
-    def _scope(self, timeout: float | None) -> anyio.CancelScope:
-        deadline = math.inf if timeout is None else anyio.current_time() + timeout
-        return anyio.CancelScope(deadline=deadline)
 
     async def run(self, entry: Script, req: Any, *, timeout: float | None = None) -> Any:
         """Run a unary entry as one request under its own cancel scope.
@@ -347,19 +342,17 @@ class Runtime:
             raise TypeError(f"entry {entry.name!r} is streaming: use run_stream()")
         req = entry.coerce(req)
         token = _current.set(self)
-        if timeout is None:  # no scope of its own: the caller's scopes govern it
-            try:
-                return entry.check_result(await entry.fn(req))
-            finally:
-                _current.reset(token)
-        deadline = deadline_at(time.time() + timeout)
         try:
-            with self._scope(timeout):
+            if timeout is None:  # no scope of its own: the caller's scopes govern it
+                return entry.check_result(await entry.fn(req))
+            ctx = current_context()
+            scope = RequestScope(entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline)
+            scope.expire_after(timeout)
+            async with scope:
                 return entry.check_result(await entry.fn(req))
             raise _deadline(entry, timeout)
         finally:
             _current.reset(token)
-            reset_deadline(deadline)
 
     async def feed(self, entry: Script, req: Any, sink: Callable[[Any], Awaitable[None]]) -> None:
         """Run a streaming entry in the calling task, awaiting ``sink(item)`` for each item
@@ -400,13 +393,16 @@ class Runtime:
         req = entry.coerce(req)
         send, receive = anyio.create_memory_object_stream[Any](0)
 
+        ctx = current_context()
+
         async def produce() -> None:
             token = _current.set(self)
+            scope = RequestScope(entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline)
             if timeout is not None:
-                deadline_at(time.time() + timeout)  # this task's own context
+                scope.expire_after(timeout)
             async with send:
                 try:
-                    with self._scope(timeout):
+                    async with scope:
                         async with aclosing(entry.fn(req)) as agen:
                             async for item in agen:
                                 await send.send(item)

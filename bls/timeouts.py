@@ -3,39 +3,15 @@
 from __future__ import annotations
 
 import contextvars
-import math
 import time
 from types import TracebackType
 
 import anyio
 
 from .errors import DeadlineExceeded
+from .scope import CallContext, current, enter, leave
 
-__all__ = ["current_deadline", "deadline_at", "reset_deadline", "timeout"]
-
-# The absolute deadline (seconds since the epoch; inf = none) that remote calls carry.
-# Kept beside anyio's cancel scopes because reading it is a contextvar lookup, not a
-# walk up the scope chain on every stage call.
-_deadline: contextvars.ContextVar[float] = contextvars.ContextVar("bls_deadline", default=math.inf)
-
-
-def current_deadline() -> float:
-    """The earliest ``bls.timeout``/request deadline in force (epoch seconds, or inf)."""
-    return _deadline.get()
-
-
-def deadline_at(wall: float) -> contextvars.Token[float]:
-    """Lower the deadline remote calls carry to ``wall`` (never raises it)."""
-    return _deadline.set(min(wall, _deadline.get()))
-
-
-def reset_deadline(token: contextvars.Token[float] | None) -> None:
-    """Undo :func:`deadline_at`."""
-    if token is not None:
-        try:
-            _deadline.reset(token)
-        except ValueError:  # left from another context: nothing of ours to undo
-            pass
+__all__ = ["timeout"]
 
 
 class timeout:
@@ -54,11 +30,12 @@ class timeout:
             raise ValueError(f"bls.timeout() needs seconds >= 0, got {seconds!r}")
         self.seconds = seconds
         self._scope: anyio.CancelScope | None = None
-        self._token: contextvars.Token[float] | None = None
+        self._token: contextvars.Token[CallContext] | None = None
 
     def __enter__(self) -> anyio.CancelScope:
         self._scope = anyio.CancelScope(deadline=anyio.current_time() + self.seconds)
-        self._token = deadline_at(time.time() + self.seconds)
+        # The deadline remote calls carry (the cancel scope is this process's).
+        self._token = enter(current().within(time.time() + self.seconds))
         return self._scope.__enter__()
 
     def __exit__(
@@ -69,7 +46,7 @@ class timeout:
     ) -> bool:
         assert self._scope is not None
         scope, self._scope = self._scope, None
-        reset_deadline(self._token)
+        leave(self._token)
         self._token = None
         swallowed = scope.__exit__(exc_type, exc, tb)
         if scope.cancelled_caught and scope.deadline <= anyio.current_time():

@@ -8,26 +8,24 @@ start and end (epoch seconds), outcome and bytes on the wire. Calls made inside 
 out siblings share a parent. Remote workers report the spans they recorded back to the
 caller, so one request's tree crosses processes.
 
-With no active trace (``bls run``, library use) the runtime skips all of this: one
-context-variable read per stage call.
+A trace is carried by the request's :class:`bls.scope.CallContext`, which also records
+calls into it (``scope.traced_call``); with none (``bls run``, library use) the runtime
+skips all of this.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import contextvars
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import anyio
 import msgspec
 
 from .errors import DeadlineExceeded, StageError
 
-__all__ = ["Span", "Trace", "TraceStore", "active", "note", "traced_call", "traced_stream"]
+__all__ = ["Span", "Trace", "TraceStore", "decode_spans", "encode_spans", "outcome_of"]
 
 
 class Span(msgspec.Struct, kw_only=True, gc=False):  # scalars only: nothing to collect
@@ -101,44 +99,6 @@ class Trace:
         return (max(ends) - self.start) if ends else 0.0
 
 
-# (trace, id of the span new calls are children of)
-_active: contextvars.ContextVar[tuple[Trace, int] | None] = contextvars.ContextVar(
-    "bls_trace", default=None
-)
-
-
-def active() -> tuple[Trace, int] | None:
-    """The trace and parent span id that stage calls here record into, if any."""
-    return _active.get()
-
-
-def activate(trace: Trace, parent: int = 0) -> contextvars.Token[tuple[Trace, int] | None]:
-    return _active.set((trace, parent))
-
-
-def deactivate(token: contextvars.Token[tuple[Trace, int] | None]) -> None:
-    try:
-        _active.reset(token)
-    except ValueError:  # set in another context: leave that context alone
-        pass
-
-
-# The span of the stage call running in this task: transports add replica and bytes.
-_span: contextvars.ContextVar[Span | None] = contextvars.ContextVar("bls_span", default=None)
-
-
-def note(*, replica: str = "", bytes_out: int = 0, bytes_in: int = 0, items: int = 0) -> None:
-    """Add what a binding learned about the current call to its span (no-op untraced)."""
-    span = _span.get()
-    if span is None:
-        return
-    if replica:
-        span.replica = replica
-    span.bytes_out += bytes_out
-    span.bytes_in += bytes_in
-    span.items += items
-
-
 def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, kind) for a span that ended with ``exc``."""
     if isinstance(exc, DeadlineExceeded) or (
@@ -150,89 +110,6 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, StageError):
         return "error", exc.kind
     return "error", type(exc).__name__
-
-
-async def traced_call(
-    ctx: tuple[Trace, int], name: str, description: str, call: Coroutine[Any, Any, Any]
-) -> Any:
-    """Await ``call`` (a binding's invoke) inside a span of its own."""
-    trace, parent = ctx
-    span = trace.open(name, parent, description)
-    with _inside(trace, span):
-        result = await call
-    trace.close(span, "ok")
-    return result
-
-
-@contextlib.contextmanager
-def _inside(trace: Trace, span: Span) -> Iterator[None]:
-    """Run a step of ``span``: calls made meanwhile are its children; an exception ends
-    it with the matching outcome."""
-    token = _active.set((trace, span.id))
-    span_token = _span.set(span)
-    try:
-        yield
-    except StopAsyncIteration:
-        trace.close(span, "ok")
-        raise
-    except BaseException as exc:
-        trace.close(span, *outcome_of(exc))
-        raise
-    finally:
-        _span.reset(span_token)
-        _active.reset(token)
-
-
-class traced_stream:
-    """Wraps a stage stream: the span runs from the first item asked to the last."""
-
-    __slots__ = ("_ctx", "_description", "_it", "_name", "_span")
-
-    def __init__(
-        self, ctx: tuple[Trace, int], name: str, description: str, it: AsyncIterator[Any]
-    ) -> None:
-        self._ctx = ctx
-        self._name = name
-        self._description = description
-        self._it = it
-        self._span: Span | None = None
-
-    def __aiter__(self) -> traced_stream:
-        return self
-
-    async def __anext__(self) -> Any:
-        trace, parent = self._ctx
-        span = self._span
-        if span is None:
-            span = self._span = trace.open(self._name, parent, self._description, True)
-        if span.end:
-            raise StopAsyncIteration
-        with _inside(trace, span):
-            item = await self._it.__anext__()
-        span.items += 1
-        return item
-
-    def _closed_early(self) -> None:
-        span = self._span
-        if span is not None and not span.end:
-            self._ctx[0].close(span, "cancelled", "closed early")
-
-    def __del__(self) -> None:
-        # A script that leaves ``async for`` with ``break`` drops the stream without
-        # closing it: its span still ends, and reaches the metrics.
-        self._closed_early()
-
-    async def aclose(self) -> None:
-        self._closed_early()
-        span = self._span
-        close = getattr(self._it, "aclose", None)
-        if close is not None:
-            token = _active.set((self._ctx[0], span.id)) if span is not None else None
-            try:
-                await close()  # a remote stream's cancel is filed under this span
-            finally:
-                if token is not None:
-                    _active.reset(token)
 
 
 _spans_encoder = msgspec.msgpack.Encoder()

@@ -10,12 +10,11 @@ import anyio.lowlevel
 import pytest
 
 import bls
+from bls.scope import CallContext, enter, leave
 from bls.tracing import (
     Span,
     Trace,
     TraceStore,
-    activate,
-    deactivate,
     decode_spans,
     encode_spans,
     outcome_of,
@@ -79,13 +78,13 @@ async def test_a_stream_left_by_break_still_ends_its_span() -> None:
 
     trace = Trace("r", "first", ended.append)
     root = trace.open("first", 0, "script")
-    token = activate(trace, root.id)
+    token = enter(CallContext(trace=trace, span=root))
     try:
         async with bls.Runtime({"words": words}) as rt:
             assert await rt.run(first, "a b c") == "a"
             gc.collect()
             await anyio.lowlevel.checkpoint()
     finally:
-        deactivate(token)
+        leave(token)
     (span,) = [s for s in ended if s.name == "words"]
     assert span.outcome == "cancelled" and span.kind == "closed early" and span.end > 0

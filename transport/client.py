@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -26,8 +25,8 @@ from zmq.utils.monitor import parse_monitor_message
 from bls.bindings import Binding
 from bls.errors import InvalidRequest, StageError
 from bls.messages import Signature, shape
-from bls.timeouts import current_deadline
-from bls.tracing import active, decode_spans, note
+from bls.scope import NO_CONTEXT, CallContext
+from bls.tracing import decode_spans
 
 from . import wire
 from .keys import client_curve
@@ -39,9 +38,6 @@ from .wire import ErrorInfo, Header, Hello, Kind, WorkerInfo
 __all__ = ["Connection", "RemoteBinding"]
 
 log = logging.getLogger("bls.transport")
-
-# Test hook: when true, cancelled calls send no cancel frame (the worker must still stop
-# the call at its deadline).
 
 _CANCELLED_TRACES_MAX = 1024  # acknowledgements a lost worker never sends are forgotten
 WINDOW = 128  # stream items a worker may send ahead of the consumer (the memory bound)
@@ -58,8 +54,8 @@ _MONITOR_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
 
-_RETRYABLE = ("overloaded", "unavailable")
-_monitors = 0  # kinds a worker uses to refuse before starting
+_RETRYABLE = ("overloaded", "unavailable")  # kinds a worker uses to refuse before starting
+_monitors = 0  # monitor sockets made so far (each needs an endpoint of its own)
 
 
 class _Call:
@@ -235,7 +231,7 @@ class Connection:
         )
         return call
 
-    def finish(self, call: _Call) -> None:
+    def finish(self, call: _Call, ctx: CallContext = NO_CONTEXT) -> None:
         """Forget a call; if no final frame came, tell the worker to cancel it."""
         self.calls.pop(call.id, None)
         self.close_when_idle()
@@ -243,10 +239,9 @@ class Connection:
             call.done = True
             if self.alive:
                 self._send(Kind.CANCEL, call.id)
-                ctx = active()
-                if ctx is not None:
+                if ctx.trace is not None:
                     # The worker's acknowledgement carries its spans: keep where they go.
-                    self._cancelled_traces[call.id] = ctx
+                    self._cancelled_traces[call.id] = (ctx.trace, ctx.parent)
                     if len(self._cancelled_traces) > _CANCELLED_TRACES_MAX:
                         del self._cancelled_traces[next(iter(self._cancelled_traces))]
 
@@ -363,16 +358,10 @@ def _serves(info: WorkerInfo) -> tuple[bool, Any, Any]:
     return info.streaming, shape(info.request_schema), shape(info.response_schema)
 
 
-def _adopt(call: _Call) -> None:
+def _adopt(call: _Call, ctx: CallContext) -> None:
     """Hang the spans a traced call's worker reported under the call's own span."""
-    ctx = active()
-    if call.spans and ctx is not None:
-        ctx[0].adopt(decode_spans(call.spans), ctx[1])
-
-
-def _wall_deadline() -> float:
-    deadline = current_deadline()
-    return 0.0 if deadline == math.inf else deadline
+    if call.spans and ctx.trace is not None:
+        ctx.trace.adopt(decode_spans(call.spans), ctx.parent)
 
 
 class RemoteBinding(Binding):
@@ -630,8 +619,9 @@ class RemoteBinding(Binding):
     def error(self, info: ErrorInfo, conn: Connection) -> Exception:
         return wire.error_from(info, self.name, conn.info.stage if conn.info else self.name)
 
-    def _decode(self, rest: Any, codec: wire.Codec) -> Any:
-        note(bytes_in=wire.frame_sizes(rest))
+    def _decode(self, rest: Any, codec: wire.Codec, ctx: CallContext) -> Any:
+        if ctx.span is not None:
+            ctx.span.bytes_in += wire.frame_sizes(rest)
         try:
             return codec.decode(rest[0], rest[1:])
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
@@ -639,12 +629,15 @@ class RemoteBinding(Binding):
                 self.name, "invalid_response", f"result does not match the expected type: {exc}"
             ) from None
 
-    async def _first(self, body: list[Any], credit: int) -> tuple[Connection, _Call, int, Any]:
+    async def _first(
+        self, body: list[Any], credit: int, ctx: CallContext
+    ) -> tuple[Connection, _Call, int, Any]:
         """Start the call on some replica and wait for its first frame, retrying calls
-        that a replica refused or lost before starting them."""
-        deadline = _wall_deadline()
-        ctx = active()
-        trace = ctx[0].id if ctx is not None else ""
+        that a replica refused or lost before starting them. ``ctx`` gives the deadline
+        and trace the call carries, and the span that records it."""
+        deadline = ctx.wire_deadline
+        span = ctx.span if ctx.trace is not None else None
+        trace = ctx.trace.id if ctx.trace is not None else ""
         tried: list[Connection] = []
         refusal: Exception | None = None
         while True:
@@ -652,12 +645,12 @@ class RemoteBinding(Binding):
             if conn is None:
                 raise refusal or self._unavailable()
             call = conn.start(self.name, body, deadline, credit, trace)
-            if ctx is not None:
-                note(replica=conn.address)
+            if span is not None:
+                span.replica = conn.address
             try:
                 kind, rest = await call.get()
             except BaseException:
-                conn.finish(call)
+                conn.finish(call, ctx)
                 raise
             if kind == _LOST_UNSTARTED:
                 conn.finish(call)
@@ -677,41 +670,42 @@ class RemoteBinding(Binding):
                     tried.append(conn)
                     refusal = self.error(info, conn)
                     continue
-                _adopt(call)
+                _adopt(call, ctx)
                 raise self.error(info, conn)
-            if ctx is not None:
-                note(bytes_out=wire.frame_sizes(body))
+            if span is not None:
+                span.bytes_out += wire.frame_sizes(body)
             return conn, call, kind, rest
 
-    async def call(self, req: Any) -> Any:
+    async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         if not self.resolved:
             raise self._unavailable()
         if self.signature.streaming:
             return await Binding.call(self, req)
-        conn, call, _, rest = await self._first(self._request(req), 0)
+        conn, call, _, rest = await self._first(self._request(req), 0, ctx)
         conn.finish(call)
-        _adopt(call)
-        return self._decode(rest, self._result)
+        _adopt(call, ctx)
+        return self._decode(rest, self._result, ctx)
 
-    async def invoke(self, req: Any) -> Any:
-        return await self.call(req)  # decoded straight into the expected type
+    async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
+        return await self.call(req, ctx)  # decoded straight into the expected type
 
-    def stream(self, req: Any) -> AsyncIterator[Any]:
+    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
         if not self.resolved:
             raise self._unavailable()
         if not self.signature.streaming:
             return Binding.stream(self, req)
-        return _RemoteStream(self, self._request(req))
+        return _RemoteStream(self, self._request(req), ctx)
 
 
 class _RemoteStream:
     """Items of one remote streaming call, with credit-based flow control."""
 
-    __slots__ = ("_binding", "_body", "_call", "_conn", "_finished", "_unacked")
+    __slots__ = ("_binding", "_body", "_call", "_conn", "_ctx", "_finished", "_unacked")
 
-    def __init__(self, binding: RemoteBinding, body: list[Any]) -> None:
+    def __init__(self, binding: RemoteBinding, body: list[Any], ctx: CallContext) -> None:
         self._binding = binding
         self._body = body
+        self._ctx = ctx
         self._conn: Connection | None = None
         self._call: _Call | None = None
         self._finished = False
@@ -725,7 +719,9 @@ class _RemoteStream:
             raise StopAsyncIteration
         try:
             if self._call is None:
-                self._conn, self._call, kind, rest = await self._binding._first(self._body, WINDOW)
+                self._conn, self._call, kind, rest = await self._binding._first(
+                    self._body, WINDOW, self._ctx
+                )
             else:
                 kind, rest = await self._call.get()
         except BaseException:
@@ -738,12 +734,12 @@ class _RemoteStream:
                 self._conn.grant(self._call, self._unacked)
                 self._unacked = 0
             try:
-                return self._binding._decode(rest, self._binding._result)
+                return self._binding._decode(rest, self._binding._result, self._ctx)
             except BaseException:
                 self._close()
                 raise
         self._close()
-        _adopt(self._call)
+        _adopt(self._call, self._ctx)
         if kind == Kind.END:
             raise StopAsyncIteration
         if kind == Kind.ERROR:
@@ -757,7 +753,7 @@ class _RemoteStream:
     def _close(self) -> None:
         self._finished = True
         if self._conn is not None and self._call is not None:
-            self._conn.finish(self._call)
+            self._conn.finish(self._call, self._ctx)
 
     async def aclose(self) -> None:
         self._close()

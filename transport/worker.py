@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -21,14 +20,15 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import msgspec
+import sniffio
 import zmq
 
 from bls.bindings import InlineBinding
 from bls.errors import InvalidRequest, StageError
 from bls.lifecycle import Inflight, serve_until_signal
 from bls.messages import json_schema
-from bls.timeouts import deadline_at, reset_deadline
-from bls.tracing import Span, Trace, activate, deactivate, encode_spans, outcome_of
+from bls.scope import CallContext, RequestScope
+from bls.tracing import Span, Trace, encode_spans, outcome_of
 
 from . import wire
 from .liveness import ticks
@@ -86,7 +86,7 @@ class _CallState:
         self.key = (client, call_id)
         self.credit = credit
         self.wake: anyio.Event | None = None
-        self.scope: anyio.CancelScope | None = None
+        self.scope: RequestScope | None = None
         self.cancelled = False
         self.lost = ""  # why the worker gave up on the caller, if it did
         self.shutdown = False  # cut by the end of a drain
@@ -143,7 +143,8 @@ class WorkerServer:
         self._ack_wanted: anyio.Event | None = None
         # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
         # than the call itself for small requests. At most max_inflight lanes exist.
-        self._pending: collections.deque[tuple[_CallState, Any, float, float]] = collections.deque()
+        self._pending: collections.deque[tuple[_CallState, Any, float]] = collections.deque()
+        self._asyncio = True  # which loop serves calls (set by serve)
         self._parked: list[anyio.Event] = []
         self._lanes = 0
         sig = binding.signature
@@ -188,6 +189,7 @@ class WorkerServer:
         bound = self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._sock = AsyncSocket(sock, self._on_message, unroutable=self._unroutable)
         self._ack_wanted = anyio.Event()
+        self._asyncio = sniffio.current_async_library() == "asyncio"
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -370,10 +372,7 @@ class WorkerServer:
         if header.trace:
             state.trace = Trace(header.trace, self.stage)
         self._calls[state.key] = state
-        deadline = math.inf
-        if header.deadline:
-            deadline = anyio.current_time() + (header.deadline - time.time())
-        self._pending.append((state, req, deadline, header.deadline))
+        self._pending.append((state, req, header.deadline))
         if self._parked:
             self._parked.pop().set()
         elif self._lanes < self.max_inflight:
@@ -401,28 +400,32 @@ class WorkerServer:
 
     # -- running calls ----------------------------------------------------------------
 
-    async def _run_call(
-        self, state: _CallState, req: Any, deadline: float, wall_deadline: float
-    ) -> None:
+    async def _run_call(self, state: _CallState, req: Any, deadline: float) -> None:
+        """Run one call in its request scope: the caller's deadline (``deadline``, epoch
+        seconds; 0: none) ends it, and its stage calls carry it and the caller's trace."""
         client, call_id = state.client, state.id
-        # Nested stage calls carry the caller's deadline on (undone after: lanes are reused).
-        token = deadline_at(wall_deadline) if wall_deadline else None
-        trace, span, trace_token = state.trace, None, None
+        trace, span = state.trace, None
         if trace is not None:
             # The worker's own span; its nested stage calls become its children.
             span = trace.open(self.stage, 0, f"worker {self.binding.description}")
             span.replica = self.address
-            trace_token = activate(trace, span.id)
+        scope = state.scope = RequestScope(
+            trace.id if trace is not None else "",
+            trace=trace,
+            span=span,
+            asyncio_loop=self._asyncio,
+        )
+        if deadline:
+            scope.expire_at(deadline)
+        if state.cancelled:
+            scope.cancel()
         try:
-            with anyio.CancelScope(deadline=deadline) as scope:
-                state.scope = scope
-                if state.cancelled:
-                    scope.cancel()
+            async with scope:
                 try:
                     if self.binding.signature.streaming:
-                        await self._stream(state, req, span)
+                        await self._stream(state, req, span, scope.ctx)
                     else:
-                        result = await self.binding.call(req)
+                        result = await self.binding.call(req, scope.ctx)
                         body = self._encode(result)
                         _close(state, span, "ok")
                         self._finish(state, Kind.END, body)
@@ -432,7 +435,7 @@ class WorkerServer:
                     log.warning(
                         "stage %r: request %s: %s: %s",
                         self.stage,
-                        trace.id if trace is not None else "-",
+                        scope.id or "-",
                         err.kind,
                         err.message,
                     )
@@ -455,10 +458,6 @@ class WorkerServer:
                 # Acknowledges the cancel; the caller has usually moved on already.
                 self._send_error(client, call_id, StageError(self.stage, kind, why), state)
         finally:
-            if trace_token is not None:
-                deactivate(trace_token)
-            if token is not None:
-                reset_deadline(token)
             del self._calls[state.key]
             peer = self._clients.get(client)
             if peer is not None:
@@ -472,8 +471,10 @@ class WorkerServer:
             why = f"cannot send the result: {exc}"
             raise StageError(self.stage, "invalid_response", why) from None
 
-    async def _stream(self, state: _CallState, req: Any, span: Span | None) -> None:
-        items = self.binding.stream(req)
+    async def _stream(
+        self, state: _CallState, req: Any, span: Span | None, ctx: CallContext
+    ) -> None:
+        items = self.binding.stream(req, ctx)
         try:
             async for item in items:
                 while state.credit <= 0:

@@ -34,8 +34,8 @@ from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
 from ..lifecycle import Inflight
 from ..runtime import Runtime
-from ..timeouts import deadline_at, reset_deadline
-from ..tracing import Trace, TraceStore, activate, deactivate, outcome_of
+from ..scope import RequestScope
+from ..tracing import Trace, TraceStore, outcome_of
 from . import chat, openapi, pages
 from .framing import (
     NDJSON,
@@ -59,7 +59,6 @@ from .intake import (
     Request,
     header,
     invalid,
-    new_scope,
     read_body,
     request_id,
     request_timeout,
@@ -257,10 +256,10 @@ class Frontend:
         asyncio_loop = self._asyncio
         if asyncio_loop is None:
             asyncio_loop = self._asyncio = sniffio.current_async_library() == "asyncio"
-        request_scope = new_scope(asyncio_loop)
-        request = Request(request_id(scope).decode(), request_scope)
-        trace = Trace(request.id, entry.name, self.metrics.span)
+        rid = request_id(scope).decode()
+        trace = Trace(rid, entry.name, self.metrics.span)
         root = trace.open(entry.name, 0, "script", entry.streaming)
+        request = Request(rid, RequestScope(rid, trace=trace, span=root, asyncio_loop=asyncio_loop))
         self.inflight += 1
         self._requests.add(request)
         try:
@@ -283,8 +282,6 @@ class Frontend:
                 body_timeout = min(body_timeout, timeout)
             request.scope.expire_after(body_timeout)
             reading = True
-            deadline = None
-            token = None
             stop_watching = None
             try:
                 async with request.scope:
@@ -295,17 +292,11 @@ class Frontend:
                         req = entry.decode(body)
                     except InvalidRequest as exc:
                         raise invalid(exc) from None
-                    if timeout is not None:
-                        deadline = deadline_at(time.time() + timeout)
-                    token = activate(trace, root.id)
-                    stop_watching = watch_disconnect(receive, request)
+                    stop_watching = watch_disconnect(receive, request, asyncio_loop)
                     await run(scope, tracking(send, request), entry, req, request)
             finally:
                 if stop_watching is not None:
                     stop_watching()
-                if token is not None:
-                    deactivate(token)
-                reset_deadline(deadline)
             if request.disconnected:
                 raise Disconnected
             if request.scope.cancelled_caught:

@@ -1,5 +1,6 @@
-"""Request intake: the limits, the request's own scope (its deadline, a disconnect, the
-end of a drain), its id, and reading and bounding its body and deadline header."""
+"""Request intake: the limits, what a request's handling shares (its scope, which a
+disconnect and the end of a drain cancel), its id, and reading and bounding its body and
+deadline header."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from typing import Any
 
-import anyio
 import msgspec
 
 from ..errors import InvalidRequest
+from ..scope import RequestScope
 from .framing import HttpError, Message, Receive, Scope, Send, sse_error
 
-__all__ = ["Limits", "Request", "new_scope", "read_body", "request_id", "request_timeout"]
+__all__ = ["Limits", "Request", "read_body", "request_id", "request_timeout"]
 
 log = logging.getLogger("bls.http")
 
@@ -58,7 +58,7 @@ class Request:
         "streamed",
     )
 
-    def __init__(self, request_id: str, scope: _Scope) -> None:
+    def __init__(self, request_id: str, scope: RequestScope) -> None:
         self.id = request_id
         self.scope = scope  # the request's deadline, disconnect and drain
         self.disconnected = False
@@ -68,88 +68,6 @@ class Request:
         self.streamed = False
         # How an error is framed once a stream has started (SSE by default).
         self.error_frame: Callable[[HttpError], bytes] = sse_error
-
-
-class _Scope:
-    """The request's cancel scope on trio: anyio's (trio's own, underneath)."""
-
-    __slots__ = ("_scope",)
-
-    def __init__(self) -> None:
-        self._scope = anyio.CancelScope()
-
-    def expire_after(self, seconds: float | None) -> None:
-        """Set the deadline ``seconds`` from now, before entering or after; None: none."""
-        self._scope.deadline = math.inf if seconds is None else anyio.current_time() + seconds
-
-    def cancel(self) -> None:
-        self._scope.cancel()
-
-    @property
-    def cancelled_caught(self) -> bool:
-        return self._scope.cancelled_caught
-
-    async def __aenter__(self) -> None:
-        self._scope.__enter__()
-
-    async def __aexit__(self, *exc: Any) -> bool:
-        return bool(self._scope.__exit__(*exc))
-
-
-class _AsyncioScope(_Scope):
-    """The same on asyncio, with ``asyncio.timeout``: an anyio scope around a server's
-    task costs more there than all the rest of a small request (it is not a task anyio
-    started). Scripts inside still use anyio; a native cancel reaches them like any."""
-
-    __slots__ = ("_cancel_early", "_caught", "_exited", "_timeout", "_when")
-
-    def __init__(self) -> None:
-        self._when: float | None = None
-        self._timeout: asyncio.Timeout | None = None
-        self._caught = False
-        self._cancel_early = False
-        self._exited = False
-
-    def expire_after(self, seconds: float | None) -> None:
-        when = None if seconds is None else asyncio.get_running_loop().time() + seconds
-        timeout = self._timeout
-        if timeout is None:
-            self._when = when
-        elif not self._exited and not timeout.expired():  # a cancel stays a cancel
-            timeout.reschedule(when)
-
-    def cancel(self) -> None:
-        """Cancel the request now; before it starts, as it starts; after it ends, never
-        (a drain may reach a request that is still sending its answer)."""
-        if self._timeout is None:
-            self._cancel_early = True
-        elif not self._exited and not self._timeout.expired():
-            self._timeout.reschedule(-1.0)  # expire now
-
-    @property
-    def cancelled_caught(self) -> bool:
-        return self._caught
-
-    async def __aenter__(self) -> None:
-        self._timeout = asyncio.timeout_at(self._when)
-        await self._timeout.__aenter__()
-        if self._cancel_early:
-            self.cancel()
-
-    async def __aexit__(self, *exc: Any) -> bool:
-        assert self._timeout is not None
-        self._exited = True
-        try:
-            await self._timeout.__aexit__(*exc)
-        except TimeoutError:
-            self._caught = True
-            return True
-        return False
-
-
-def new_scope(asyncio_loop: bool) -> _Scope:
-    """A request's scope for the running event loop."""
-    return _AsyncioScope() if asyncio_loop else _Scope()
 
 
 class Disconnected(Exception):
@@ -174,7 +92,9 @@ async def _watch(receive: Receive, request: Request) -> None:
         log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
 
 
-def watch_disconnect(receive: Receive, request: Request) -> Callable[[], object]:
+def watch_disconnect(
+    receive: Receive, request: Request, asyncio_loop: bool
+) -> Callable[[], object]:
     """Start :func:`_watch` beside the request; returns what stops it.
 
     On asyncio this is a bare task, started only once the request has run for
@@ -183,7 +103,7 @@ def watch_disconnect(receive: Receive, request: Request) -> Callable[[], object]
     watcher needs none of a task group's guarantees (it never raises, and is always
     stopped before the request's handler returns).
     """
-    if isinstance(request.scope, _AsyncioScope):
+    if asyncio_loop:
         loop = asyncio.get_running_loop()
         started: list[asyncio.Task[None]] = []
         timer = loop.call_later(

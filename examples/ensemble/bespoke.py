@@ -30,7 +30,7 @@ from ensemble import HIDDEN, Chunk, Picture
 from bls.models.adapters import embeds_prompt
 from bls.models.encoder import Embedding, EncodeRequest, Labels
 from bls.models.vllm import GenerateItem
-from bls.timeouts import deadline_at, reset_deadline
+from bls.scope import CallContext
 from bls.transport.client import RemoteBinding
 
 log = logging.getLogger("bespoke")
@@ -57,8 +57,9 @@ class Ensemble:
             await binding.open(tg)
             binding.expect(result)
 
-    async def run(self, req: Picture, send_chunk: Any) -> None:
-        emb = await self.encoder.call(EncodeRequest(image=req.image))
+    async def run(self, req: Picture, send_chunk: Any, ctx: CallContext) -> None:
+        # BY HAND: every call is handed the request's deadline to carry to its worker.
+        emb = await self.encoder.call(EncodeRequest(image=req.image), ctx)
         prompt = embeds_prompt(emb, hidden=HIDDEN, max_tokens=req.max_tokens, seed=req.seed)
         labels: list[Labels] = []
         caption: list[str] = []
@@ -68,14 +69,14 @@ class Ensemble:
 
             async def classify() -> None:
                 try:
-                    labels.append(await self.classifier.call(emb))
+                    labels.append(await self.classifier.call(emb, ctx))
                 except Exception:
                     tg.cancel_scope.cancel()
                     raise
 
             tg.start_soon(classify)
             # BY HAND: close the remote stream on every way out, so the engine aborts.
-            items = self.generator.stream(prompt)
+            items = self.generator.stream(prompt, ctx)
             try:
                 async for item in items:
                     caption.append(item.text)
@@ -121,7 +122,7 @@ class Ensemble:
 
         # BY HAND: the request's deadline, for this process (the cancel scope) and for
         # the workers (the absolute time each remote call carries).
-        token = deadline_at(time.time() + TIMEOUT_S)
+        ctx = CallContext(deadline=time.time() + TIMEOUT_S)
         try:
             async with anyio.create_task_group() as tg:
                 # BY HAND: a client that goes away cancels the whole request.
@@ -132,7 +133,7 @@ class Ensemble:
 
                 tg.start_soon(watch)
                 with anyio.fail_after(TIMEOUT_S):
-                    await self.run(req, send_chunk)
+                    await self.run(req, send_chunk, ctx)
                 tg.cancel_scope.cancel()
             await send({"type": "http.response.body", "body": b"event: end\ndata: {}\n\n"})
         except Exception as exc:
@@ -143,8 +144,6 @@ class Ensemble:
             else:
                 data = b"event: error\ndata: " + msgspec.json.encode(error) + b"\n\n"
                 await send({"type": "http.response.body", "body": data})
-        finally:
-            reset_deadline(token)
 
 
 async def _json(send: Any, status: int, payload: Any) -> None:

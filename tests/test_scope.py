@@ -1,0 +1,147 @@
+"""One request's scope (frontend, ``bls run``, worker): its deadline ends it, a cancel
+ends it before, as and while it runs but never after, and the context its stage calls
+carry (deadline, trace, span) is set inside it and undone after."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import anyio
+import pytest
+
+import bls
+from bls.bindings import Binding
+from bls.runtime import Runtime
+from bls.scope import NO_CONTEXT, CallContext, RequestScope, current
+from bls.tracing import Trace
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_deadline_ends_the_scope_and_says_so() -> None:
+    scope = RequestScope("r")
+    scope.expire_after(0.01)
+    async with scope:
+        await anyio.sleep(5)
+    assert scope.cancelled_caught and scope.expired
+
+
+async def test_a_cancel_before_it_starts_ends_it_as_it_starts() -> None:
+    scope = RequestScope("r")
+    scope.cancel()  # a drain reached it before it started
+    async with scope:
+        await anyio.sleep(5)
+    assert scope.cancelled_caught and not scope.expired
+
+
+async def test_a_cancel_from_another_task_ends_it() -> None:
+    scope = RequestScope("r")
+    async with anyio.create_task_group() as tg:
+
+        async def request() -> None:
+            async with scope:
+                await anyio.sleep(5)
+
+        tg.start_soon(request)
+        await anyio.sleep(0.01)
+        scope.cancel()
+    assert scope.cancelled_caught and not scope.expired
+
+
+async def test_a_cancel_after_it_ended_does_nothing() -> None:
+    scope = RequestScope("r")
+    scope.expire_after(5)
+    async with scope:
+        await anyio.lowlevel.checkpoint()
+    scope.cancel()  # a drain reached it while it sent its answer
+    await anyio.sleep(0.01)
+    assert not scope.cancelled_caught
+
+
+async def test_the_deadline_can_move_while_it_runs() -> None:
+    # The frontend's body deadline, then the request's own.
+    scope = RequestScope("r")
+    scope.expire_after(0.01)
+    async with scope:
+        scope.expire_after(5)
+        await anyio.sleep(0.05)
+        scope.expire_after(0.01)
+        await anyio.sleep(5)
+    assert scope.expired
+
+
+async def test_stage_calls_inside_carry_the_deadline_and_trace_and_nothing_after() -> None:
+    trace = Trace("r", "entry")
+    root = trace.open("entry", 0, "script")
+    scope = RequestScope("r", trace=trace, span=root)
+    assert current() is NO_CONTEXT
+    async with scope:
+        inside = current()
+        assert inside.trace is trace and inside.parent == root.id
+        assert inside.deadline == math.inf and inside.wire_deadline == 0.0
+        scope.expire_after(30)  # set inside: calls made from now on carry it
+        assert time.time() + 29 < current().deadline <= time.time() + 30
+        async with bls.timeout(1):  # a script's timeout lowers it, for its block only
+            assert current().deadline <= time.time() + 1
+        assert current().deadline > time.time() + 29
+    assert current() is NO_CONTEXT
+
+
+async def test_expire_at_takes_an_absolute_deadline_as_a_frame_carries_it() -> None:
+    scope = RequestScope("r")
+    scope.expire_at(time.time() + 0.02)
+    started = anyio.current_time()
+    async with scope:
+        await anyio.sleep(5)
+    assert scope.expired and anyio.current_time() - started < 2
+
+
+async def test_a_callers_deadline_is_carried_but_not_raised() -> None:
+    soon = time.time() + 1
+    scope = RequestScope("r", carried=soon)
+    scope.expire_after(60)  # its own deadline is later: calls still carry the caller's
+    async with scope:
+        assert current().deadline == soon
+
+
+class _Recorder(Binding):
+    """A binding that records the context it was handed."""
+
+    def __init__(self) -> None:
+        self.name = "rec"
+        self.description = "recorder"
+        self.signature = bls.messages.signature_of(_rec)
+        self.seen: list[CallContext] = []
+
+    async def call(self, req: object, ctx: CallContext = NO_CONTEXT) -> object:
+        self.seen.append(ctx)
+        return req
+
+
+async def _rec(req: str) -> str:
+    return req
+
+
+async def test_the_runtime_hands_each_call_its_context_explicitly() -> None:
+    rec = _Recorder()
+
+    @bls.script
+    async def entry(req: str) -> str:
+        async with bls.timeout(10):
+            return await bls.stage("rec", req)
+
+    async with Runtime({"rec": rec}) as rt:
+        # bls run's path: a timeout of its own, no trace.
+        assert await rt.run(entry, "a", timeout=60) == "a"
+        ctx = rec.seen[-1]
+        assert ctx.trace is None and time.time() < ctx.deadline <= time.time() + 10
+        # The frontend's path: a traced request; the call is handed its own span.
+        trace = Trace("r", "entry")
+        root = trace.open("entry", 0, "script")
+        async with RequestScope("r", trace=trace, span=root):
+            assert await rt.run(entry, "b") == "b"
+        ctx = rec.seen[-1]
+        assert ctx.trace is trace and ctx.span is not None
+        assert ctx.span.name == "rec" and ctx.span.parent == root.id
+        assert ctx.span.outcome == "ok"
