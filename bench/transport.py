@@ -46,6 +46,9 @@ def raw_server(address: str) -> None:
     't' echoes raw frames zero-copy."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
+    # Unbounded queues: at the default high-water mark a ROUTER drops what it cannot
+    # queue, and a streamed run whose reader fell behind would wait forever for its end.
+    sock.setsockopt(zmq.SNDHWM, 0)
     sock.bind(address)
     print("ready", sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
@@ -68,6 +71,7 @@ class Raw:
     def __init__(self, address: str) -> None:
         self.ctx = zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.connect(address)
         self.enc, self.dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 

@@ -6,8 +6,10 @@ edge-triggered: it signals when the socket's state changes, not while messages a
 waiting, and any send or receive may consume the signal. So:
 
 - the reader drains the socket until ``EAGAIN`` before it waits on the FD again;
-- after every send, ``zmq.EVENTS`` is re-checked and pending input drained right away,
-  in the sending task (dispatch is synchronous, so this is safe anywhere);
+- after a send, ``zmq.EVENTS`` is re-checked and pending input drained before the loop
+  next waits: on asyncio once per loop iteration however many tasks sent (a callback
+  scheduled by the first send), on trio right away in the sending task (dispatch is
+  synchronous, so this is safe anywhere);
 - sends never block: if the socket's queue is full the frames wait in a backlog that
   the reader flushes as soon as ``POLLOUT`` is reported. Flow control above (credits,
   in-flight limits) bounds that backlog. Because ``send`` is synchronous, a cancelled
@@ -16,12 +18,15 @@ waiting, and any send or receive may consume the signal. So:
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 import anyio.lowlevel
+import sniffio
 import zmq
 
 __all__ = ["AsyncSocket"]
@@ -64,6 +69,10 @@ class AsyncSocket:
         self._draining = False
         self._more = False
         self.closed = False
+        # asyncio: the loop, once the reader runs, and whether a check is scheduled.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._context: contextvars.Context | None = None
+        self._check_soon = False
 
     def send(self, frames: Sequence[Any]) -> None:
         """Queue ``frames`` as one message. Never blocks; never raises for a full queue."""
@@ -71,7 +80,18 @@ class AsyncSocket:
             return
         if self._backlog or not self._send_now(frames):
             self._backlog.append(frames)
-        if int(self.sock.get(_EVENTS)) & _POLLIN:
+        if self._loop is not None:
+            if not self._check_soon:
+                self._check_soon = True
+                # In the reader's context: what it dispatches must not inherit a sender's.
+                self._loop.call_soon(self._check, context=self._context)
+        elif int(self.sock.get(_EVENTS)) & _POLLIN:
+            self.drain()
+
+    def _check(self) -> None:
+        """Input that arrived while tasks sent (their sends may have taken the FD's edge)."""
+        self._check_soon = False
+        if not self.closed and int(self.sock.get(_EVENTS)) & _POLLIN:
             self.drain()
 
     def _send_now(self, frames: Sequence[Any]) -> bool:
@@ -139,14 +159,34 @@ class AsyncSocket:
             self._backlog.popleft()
 
     async def run(self) -> None:
-        """The reader loop; runs until cancelled. The owner closes the socket after."""
+        """The reader; runs until cancelled. The owner closes the socket after.
+
+        On asyncio the FD stays registered with the loop, and what arrives is dispatched
+        from the loop's callback: no task wakes up per message, and no ``epoll_ctl``
+        pair per wait. On trio a task waits on the FD.
+        """
         fd = int(self.sock.getsockopt(zmq.FD))
+        if sniffio.current_async_library() == "asyncio":
+            self._context = contextvars.copy_context()
+            loop = self._loop = asyncio.get_running_loop()
+            loop.add_reader(fd, self._readable)
+            try:
+                self._readable()
+                await anyio.sleep_forever()
+            finally:
+                loop.remove_reader(fd)
         while True:
             self.drain()
             if self._more:
                 await anyio.lowlevel.checkpoint()
             else:
                 await anyio.wait_readable(fd)
+
+    def _readable(self) -> None:
+        """The FD fired (asyncio): dispatch; past a batch, let other work run first."""
+        self.drain()
+        if self._more and self._loop is not None:
+            self._loop.call_soon(self._readable, context=self._context)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket; ``linger_ms`` lets already-queued messages go out first."""
