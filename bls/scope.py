@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import heapq
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -34,12 +36,16 @@ __all__ = [
     "NO_CONTEXT",
     "CallContext",
     "RequestScope",
+    "Timers",
     "current",
     "enter",
     "leave",
+    "timers",
     "traced_call",
     "traced_stream",
 ]
+
+log = logging.getLogger("bls")
 
 
 class CallContext:
@@ -103,6 +109,79 @@ def leave(token: contextvars.Token[CallContext] | None) -> None:
             pass
 
 
+class Timers:
+    """Many callbacks at given loop times on one loop timer (asyncio).
+
+    A server holds a deadline for every request in flight and moves most of them before
+    they fire; a loop timer for each costs more than the rest of a small request (on
+    uvloop, a libuv timer started and stopped). Here callbacks share 1 ms buckets, and
+    the loop timer is armed for the earliest bucket only: adding and removing are a dict
+    and a set operation. A callback runs up to 1 ms after its time, never before.
+    """
+
+    __slots__ = ("_armed", "_buckets", "_handle", "_keys", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._buckets: dict[int, set[Callable[[], object]]] = {}
+        self._keys: list[int] = []  # a heap of bucket keys (ms of loop time)
+        self._armed = 0  # the key the loop timer is armed for; 0: none
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, when: float, fn: Callable[[], object]) -> int:
+        """Call ``fn`` once at loop time ``when``; returns the key :meth:`remove` takes."""
+        key = math.ceil(when * 1000)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = set()
+            heapq.heappush(self._keys, key)
+            if not self._armed or key < self._armed:
+                self._arm(key)
+        bucket.add(fn)
+        return key
+
+    def remove(self, key: int, fn: Callable[[], object]) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.discard(fn)
+
+    def _arm(self, key: int) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed = key
+        self._handle = self._loop.call_at(key / 1000, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed = 0
+        now = math.floor(self._loop.time() * 1000)
+        keys, buckets = self._keys, self._buckets
+        while keys and keys[0] <= now:
+            for fn in buckets.pop(heapq.heappop(keys), ()):
+                try:
+                    fn()
+                except Exception:  # one callback's bug must not stop the others
+                    log.exception("a timer callback failed")
+        while keys and not buckets.get(keys[0]):  # empty buckets: forget them now
+            buckets.pop(heapq.heappop(keys), None)
+        if keys:
+            self._arm(keys[0])
+
+
+_timers: dict[asyncio.AbstractEventLoop, Timers] = {}
+
+
+def timers(loop: asyncio.AbstractEventLoop) -> Timers:
+    """The :class:`Timers` of ``loop`` (made on first use, forgotten with the loop)."""
+    found = _timers.get(loop)
+    if found is None:
+        if len(_timers) > 8:  # loops come and go in tests: drop the closed ones
+            for old in [lp for lp in _timers if lp.is_closed()]:
+                del _timers[old]
+        found = _timers[loop] = Timers(loop)
+    return found
+
+
 class RequestScope:
     """One request's cancel scope: ``async with RequestScope(...)``.
 
@@ -113,19 +192,26 @@ class RequestScope:
     so every stage call carries them. :meth:`cancel` ends it early, from any task of its
     loop; whoever cancels knows why, and :attr:`expired` tells a deadline from a cancel.
 
-    On asyncio the scope is ``asyncio.timeout``: an anyio scope around a server's task
-    costs more there than all the rest of a small request (it is not a task anyio
-    started). Code inside still uses anyio; a native cancel reaches it like any. On trio
-    it is anyio's (trio's own) cancel scope.
+    On trio it is anyio's (trio's own) cancel scope. On asyncio it cancels its task
+    itself, as ``asyncio.timeout`` does (``Task.cancel``, then ``uncancel`` on the way
+    out), on the loop's shared :class:`Timers`, however often the deadline moves: a later
+    deadline is noted, and the timer re-armed only if it fires before then. (An anyio
+    scope or a loop timer per request costs more there than all the rest of a small
+    request.) Code inside still uses anyio; a native cancel reaches it like any.
     """
 
     __slots__ = (
         "_cancel_called",
+        "_cancelling",
         "_carried",
         "_caught",
         "_exited",
+        "_fired",
+        "_loop",
         "_scope",
-        "_timeout",
+        "_task",
+        "_timer",
+        "_timers",
         "_token",
         "_when",
         "ctx",
@@ -147,10 +233,14 @@ class RequestScope:
         if asyncio_loop is None:
             asyncio_loop = sniffio.current_async_library() == "asyncio"
         self._scope: anyio.CancelScope | None = None if asyncio_loop else anyio.CancelScope()
-        self._timeout: asyncio.Timeout | None = None
-        self._when: float | None = None  # loop time (asyncio)
+        self._loop = asyncio.get_running_loop() if asyncio_loop else None
+        self._timers = timers(self._loop) if self._loop is not None else None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._timer = 0  # the key of the armed timer; 0: none
+        self._when = math.inf  # the deadline in loop time (asyncio)
         self._token: contextvars.Token[CallContext] | None = None
-        self._exited = self._caught = self._cancel_called = False
+        self._exited = self._caught = self._cancel_called = self._fired = False
 
     def expire_at(self, wall: float) -> None:
         """Set the deadline to ``wall`` (epoch seconds; inf: none)."""
@@ -170,12 +260,32 @@ class RequestScope:
         if self._scope is not None:
             self._scope.deadline = math.inf if seconds is None else anyio.current_time() + seconds
             return
-        when = None if seconds is None else asyncio.get_running_loop().time() + seconds
-        timeout = self._timeout
-        if timeout is None:
-            self._when = when
-        elif not self._exited and not timeout.expired():
-            timeout.reschedule(when)
+        assert self._loop is not None and self._timers is not None
+        self._when = math.inf if seconds is None else self._loop.time() + seconds
+        if self._timer and math.ceil(self._when * 1000) < self._timer:  # sooner: re-arm
+            self._timers.remove(self._timer, self._on_timer)
+            self._arm()
+        elif not self._timer and self._task is not None and not self._exited:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._when != math.inf:
+            assert self._timers is not None
+            self._timer = self._timers.add(self._when, self._on_timer)
+        else:
+            self._timer = 0
+
+    def _on_timer(self) -> None:
+        self._timer = 0
+        if self._loop is not None and self._loop.time() < self._when:
+            self._arm()  # the deadline moved later meanwhile
+        else:
+            self._fire()
+
+    def _fire(self) -> None:
+        if self._task is not None and not self._fired and not self._exited:
+            self._fired = True
+            self._task.cancel()
 
     def cancel(self) -> None:
         """Cancel the request now; before it starts, as it starts; after it ends, never
@@ -184,8 +294,8 @@ class RequestScope:
         if self._scope is not None:
             if not self._exited:
                 self._scope.cancel()
-        elif self._timeout is not None and not self._exited and not self._timeout.expired():
-            self._timeout.reschedule(-1.0)  # expire now
+        else:
+            self._fire()
 
     @property
     def cancelled_caught(self) -> bool:
@@ -201,26 +311,33 @@ class RequestScope:
         if self._scope is not None:
             self._scope.__enter__()
         else:
-            self._timeout = asyncio.timeout_at(self._when)
-            await self._timeout.__aenter__()
+            task = self._task = asyncio.current_task()
+            assert task is not None
+            self._cancelling = task.cancelling()
             if self._cancel_called:
-                self._timeout.reschedule(-1.0)
+                self._fire()
+            else:
+                self._arm()
         self._token = _context.set(self.ctx)
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self._exited = True
         leave(self._token)
         if self._scope is not None:
-            swallowed = bool(self._scope.__exit__(*exc))
+            swallowed = bool(self._scope.__exit__(exc_type, exc, tb))
             self._caught = self._scope.cancelled_caught
             return swallowed
-        assert self._timeout is not None
-        try:
-            await self._timeout.__aexit__(*exc)
-        except TimeoutError:
-            self._caught = True
-            return True
+        if self._timer:
+            assert self._timers is not None
+            self._timers.remove(self._timer, self._on_timer)
+            self._timer = 0
+        if self._fired:
+            assert self._task is not None
+            # Ours, unless someone else cancelled the task as well (as asyncio.timeout).
+            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                self._caught = True
+                return True
         return False
 
 

@@ -4,8 +4,10 @@ carry (deadline, trace, span) is set inside it and undone after."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -13,7 +15,7 @@ import pytest
 import bls
 from bls.bindings import Binding
 from bls.runtime import Runtime
-from bls.scope import NO_CONTEXT, CallContext, RequestScope, current
+from bls.scope import NO_CONTEXT, CallContext, RequestScope, current, timers
 from bls.tracing import Trace
 
 pytestmark = pytest.mark.anyio
@@ -145,3 +147,45 @@ async def test_the_runtime_hands_each_call_its_context_explicitly() -> None:
         assert ctx.trace is trace and ctx.span is not None
         assert ctx.span.name == "rec" and ctx.span.parent == root.id
         assert ctx.span.outcome == "ok"
+
+
+def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        wheel = timers(loop)
+        fired: list[tuple[str, float]] = []
+        done = asyncio.Event()
+        start = loop.time()
+
+        def at(name: str) -> Callable[[], None]:
+            def fn() -> None:
+                fired.append((name, loop.time()))
+                if name == "last":
+                    done.set()
+
+            return fn
+
+        late, early, gone = at("late"), at("early"), at("gone")
+        wheel.add(start + 0.03, late)
+        wheel.add(start + 0.01, early)  # sooner than what the loop timer is armed for
+        key = wheel.add(start + 0.02, gone)
+        wheel.add(start + 0.05, at("last"))
+        wheel.remove(key, gone)
+        await asyncio.wait_for(done.wait(), 5)
+        assert [name for name, _ in fired] == ["early", "late", "last"]
+        wanted = {"early": 0.01, "late": 0.03, "last": 0.05}
+        assert all(when >= start + wanted[name] for name, when in fired)
+
+    asyncio.run(main())
+
+
+def test_a_deadline_moved_sooner_inside_the_scope_still_fires_on_asyncio() -> None:
+    async def main() -> None:
+        scope = RequestScope("r")
+        scope.expire_after(60)
+        async with scope:
+            scope.expire_after(0.01)
+            await asyncio.sleep(5)
+        assert scope.expired
+
+    asyncio.run(asyncio.wait_for(main(), 5))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import msgspec
 
 from ..errors import InvalidRequest
-from ..scope import RequestScope
+from ..scope import RequestScope, timers
 from .framing import HttpError, Message, Receive, Scope, Send, sse_error
 
 __all__ = ["Limits", "Request", "read_body", "request_id", "request_timeout"]
@@ -98,20 +98,23 @@ def watch_disconnect(
     """Start :func:`_watch` beside the request; returns what stops it.
 
     On asyncio this is a bare task, started only once the request has run for
-    ``_WATCH_AFTER`` seconds: a task per request costs more than the rest of a small
-    request put together, and one that ends sooner has nothing left to cancel. The
-    watcher needs none of a task group's guarantees (it never raises, and is always
-    stopped before the request's handler returns).
+    ``_WATCH_AFTER`` seconds (on the loop's shared timers): a task per request costs more
+    than the rest of a small request put together, and one that ends sooner has nothing
+    left to cancel. The watcher needs none of a task group's guarantees (it never raises,
+    and is always stopped before the request's handler returns).
     """
     if asyncio_loop:
         loop = asyncio.get_running_loop()
         started: list[asyncio.Task[None]] = []
-        timer = loop.call_later(
-            _WATCH_AFTER, lambda: started.append(loop.create_task(_watch(receive, request)))
-        )
+
+        def start() -> None:
+            started.append(loop.create_task(_watch(receive, request)))
+
+        wheel = timers(loop)
+        key = wheel.add(loop.time() + _WATCH_AFTER, start)
 
         def stop() -> None:
-            timer.cancel()
+            wheel.remove(key, start)
             if started:
                 started[0].cancel()
 
