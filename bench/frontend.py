@@ -5,8 +5,9 @@
 Starts a `bls worker` (the remote stage), `bls serve bench/serving/app.py` and the floor
 (bench/serving/app.py run directly: Starlette on Uvicorn), then drives each with a
 keep-alive HTTP/1.1 load generator in its own process at several concurrencies and prints
-req/s, p50 and p99 side by side, with the ratio of bls's throughput to the floor's.
-Absolute times drift on shared machines; compare within one run.
+req/s, p50 and the server's CPU time per request (user + system, from /proc) side by
+side. The two take turns for ``--rounds`` rounds; ratios are bls / floor per round, as
+median [min-max]. Absolute times drift on shared machines; compare within one run.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -101,11 +103,31 @@ def measure(url: str, path: str, concurrency: int, seconds: float) -> tuple[floa
     return len(latencies) / seconds, p50, p99
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_server(pid: int, url: str, path: str, concurrency: int, seconds: float) -> tuple:
+    """(req/s, p50 ms, p99 ms, server CPU µs per request)."""
+    cpu = _cpu_seconds(pid)
+    rps, p50, p99 = measure(url, path, concurrency, seconds)
+    used = _cpu_seconds(pid) - cpu
+    return rps, p50, p99, used / max(rps * seconds, 1) * 1e6
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    low, mid, high = (format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+    return f"{mid} [{low}-{high}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     parser.add_argument("--seconds", type=float, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, the two taking turns")
     args = parser.parse_args()
     seconds = args.seconds or (1.0 if args.quick else 3.0)
     levels = [1, 8, 32] if args.quick else [1, 4, 16, 64]
@@ -123,6 +145,8 @@ def main() -> None:
                 "0",
                 "--bind",
                 f"echo={address}",
+                "--bind",
+                f"tick={APP}:tick",
                 "--backend",
                 args.backend,
                 "--no-access-log",
@@ -136,20 +160,32 @@ def main() -> None:
         floor, floor_url = spawn([sys.executable, APP, address])
         procs.append(floor)
 
-        print(f"bls serve ({args.backend}) vs bare Starlette on Uvicorn, {seconds:g} s each\n")
         print(
-            "| script | concurrency | floor req/s | bls req/s | ratio "
-            "| floor p50 / p99 ms | bls p50 / p99 ms |"
+            f"bls serve ({args.backend}) vs bare Starlette on Uvicorn, {seconds:g} s each, "
+            f"{args.rounds} round(s); bls / floor per round: median [min-max]\n"
         )
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print(
+            "| script | concurrency | floor req/s | bls req/s | throughput ratio "
+            "| floor / bls p50 ms | server CPU µs/request floor / bls | CPU ratio |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for entry in ("noop", "remote"):
             for c in levels:
                 path = f"/v1/scripts/{entry}"
-                f_rps, f50, f99 = measure(floor_url, path, c, seconds)
-                b_rps, b50, b99 = measure(bls_url, path, c, seconds)
+                floors, blss = [], []
+                for r in range(args.rounds):
+                    pair = [(floor.pid, floor_url, floors), (server.pid, bls_url, blss)]
+                    for pid, url, out in pair if r % 2 == 0 else pair[::-1]:
+                        out.append(measure_server(pid, url, path, c, seconds))
+                med = statistics.median
+                pairs = list(zip(floors, blss, strict=True))
                 print(
-                    f"| {entry} | {c} | {f_rps:,.0f} | {b_rps:,.0f} | {b_rps / f_rps:.2f}x | "
-                    f"{f50:.3f} / {f99:.3f} | {b50:.3f} / {b99:.3f} |",
+                    f"| {entry} | {c} | {med(f[0] for f in floors):,.0f} "
+                    f"| {med(b[0] for b in blss):,.0f} "
+                    f"| {_spread([b[0] / f[0] for f, b in pairs], '.2f')} "
+                    f"| {med(f[1] for f in floors):.3f} / {med(b[1] for b in blss):.3f} "
+                    f"| {med(f[3] for f in floors):.0f} / {med(b[3] for b in blss):.0f} "
+                    f"| {_spread([b[3] / f[3] for f, b in pairs], '.2f')} |",
                     flush=True,
                 )
     finally:

@@ -1,13 +1,17 @@
-"""What bench/frontend.py serves: a no-op script, a one-remote-stage script, and the floor —
-bare Starlette routes doing the same work on the same server (Uvicorn + httptools).
+"""What bench/frontend.py and bench/streams.py serve: a no-op script, a one-remote-stage
+script, a slow stream through an inline stage, and the floor — bare Starlette routes doing
+the same work on the same server (Uvicorn + httptools).
 
-    bls serve bench/serving/app.py --bind echo=tcp://...        (bls)
-    python bench/serving/app.py PORT_FILE tcp://...               (the floor)
+    bls serve bench/serving/app.py --bind echo=tcp://... --bind tick=bench/serving/app.py:tick
+    python bench/serving/app.py tcp://...                         (the floor)
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import AsyncIterator
+
+import anyio
 
 import bls
 from bls import stage
@@ -32,6 +36,28 @@ async def remote(req: Ping) -> Ping:
     return await stage("echo", req)
 
 
+class Ticks(bls.Message):
+    count: int = 15
+    interval: float = 1.0
+
+
+class Tick(bls.Message):
+    n: int
+
+
+async def tick(req: Ticks) -> AsyncIterator[Tick]:
+    """The streaming stage: one item every ``interval`` seconds (bound inline)."""
+    for n in range(req.count):
+        await anyio.sleep(req.interval)
+        yield Tick(n=n)
+
+
+@bls.script
+async def ticks(req: Ticks) -> AsyncIterator[Tick]:
+    async for item in stage.stream("tick", req):
+        yield item
+
+
 def floor(address: str) -> None:
     """Starlette on Uvicorn: /noop decodes and re-encodes; /remote calls the same worker
     through a bls runtime (the stage call without bls's HTTP layer)."""
@@ -42,10 +68,10 @@ def floor(address: str) -> None:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import Response
+    from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
-    runtime = bls.Runtime({"echo": address})
+    runtime = bls.Runtime({"echo": address}, start_unreachable=True)  # streams.py: none
 
     async def noop_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
@@ -56,6 +82,15 @@ def floor(address: str) -> None:
         result = await runtime.call("echo", req)
         return Response(msgspec.json.encode(result), media_type="application/json")
 
+    async def ticks_route(request: Request) -> StreamingResponse:
+        req = msgspec.json.decode(await request.body(), type=Ticks)
+
+        async def events() -> AsyncIterator[bytes]:
+            async for item in tick(req):
+                yield b"data: " + msgspec.json.encode(item) + b"\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         async with runtime:
@@ -65,12 +100,13 @@ def floor(address: str) -> None:
         routes=[
             Route("/v1/scripts/noop", noop_route, methods=["POST"]),
             Route("/v1/scripts/remote", remote_route, methods=["POST"]),
+            Route("/v1/scripts/ticks", ticks_route, methods=["POST"]),
         ],
         lifespan=lifespan,
     )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    sock.listen(2048)
+    sock.listen(4096)
     print(f"ready http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(app, http="httptools", access_log=False, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
