@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .bindings import Binding, load_module
-from .check import StageUse, find_stage_uses, names_stages_dynamically
+from .check import StageUse, find_stage_uses, names_stages_dynamically, typed_handles
 from .config import Config, ConfigError, check_names, load_config, make_bindings
 from .entry import Script, entries
 from .runtime import Runtime
@@ -42,12 +42,17 @@ class App:
         self.bindings: dict[str, Binding] = make_bindings(self.config)
         self.uses: list[StageUse] = find_stage_uses(path, self.module)
         sources = [path]
+        modules = [self.module]
         for binding in self.bindings.values():
             # A script bound as a stage: the names it uses must be bound here too.
             source = getattr(binding, "script_file", None)
             if source and Path(source).resolve() != path.resolve():
-                self.uses.extend(find_stage_uses(source, getattr(binding, "script_module", None)))
+                module = getattr(binding, "script_module", None)
+                self.uses.extend(find_stage_uses(source, module))
                 sources.append(Path(source))
+                modules.append(module)
+        # The typed handles these scripts can see: the types the bindings must fit.
+        self.declared = typed_handles(*modules)
         if not any(names_stages_dynamically(s) for s in sources):
             check_names(self.config, (u.name for u in self.uses), path)
 
@@ -70,4 +75,9 @@ class App:
     def runtime(self, *, start_unreachable: bool = False) -> Runtime:
         """The runtime for the script's bindings. ``start_unreachable``: start even while
         a remote stage has no replica answering (serving processes: any start order)."""
-        return Runtime(self.bindings, uses=self.uses, start_unreachable=start_unreachable)
+        return Runtime(
+            self.bindings,
+            declared=self.declared,
+            uses=self.uses,
+            start_unreachable=start_unreachable,
+        )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ast
+import types
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-__all__ = ["StageUse", "find_stage_uses", "names_stages_dynamically"]
+__all__ = ["StageUse", "find_stage_uses", "names_stages_dynamically", "typed_handles"]
 
 
 class StageUse(msgspec.Struct, frozen=True):
@@ -62,18 +63,40 @@ def _literal(node: ast.Call) -> str | None:
     return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
+def _is_handle(obj: Any) -> bool:
+    kind = type(obj)
+    return kind.__module__ == "bls.stages" and kind.__name__ in ("Stage", "StreamStage")
+
+
 def _handles(module: Any) -> dict[str, tuple[str, bool]]:
     """The module's globals that are typed stage handles: global name -> (stage, streaming).
 
     Handles declared in another module and imported (an interface shared by several
     scripts) are only visible this way, not in the source.
     """
-    found = {}
-    for attr, obj in vars(module).items():
-        kind = type(obj)
-        if kind.__module__ == "bls.stages" and kind.__name__ in ("Stage", "StreamStage"):
-            found[attr] = (obj.name, bool(obj.streaming))
-    return found
+    return {
+        attr: (obj.name, bool(obj.streaming))
+        for attr, obj in vars(module).items()
+        if _is_handle(obj)
+    }
+
+
+def typed_handles(*modules: Any) -> list[Any]:
+    """The typed stage handles the scripts in ``modules`` can see, whose types the
+    runtime checks the bindings against: each module's globals (handles it imported
+    included), and those of the modules it imports by name (``import contracts``)."""
+    found: dict[int, Any] = {}
+    for module in modules:
+        if module is None:
+            continue
+        for obj in vars(module).values():
+            if _is_handle(obj):
+                found[id(obj)] = obj
+            elif isinstance(obj, types.ModuleType) and obj is not module:
+                for inner in vars(obj).values():
+                    if _is_handle(inner):
+                        found[id(inner)] = inner
+    return list(found.values())
 
 
 def find_stage_uses(path: str | Path, module: Any = None) -> list[StageUse]:

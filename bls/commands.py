@@ -105,6 +105,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from bls.transport.worker import run_worker
 
     from .bindings import InlineBinding, load_target
+    from .check import typed_handles
     from .config import load_config, make_bindings
     from .entry import Script
     from .runtime import Runtime
@@ -143,7 +144,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         config.transport.max_frame_bytes = args.max_frame_bytes
     console.apply_connect_timeout(config, args.connect_timeout)
     console.apply_discovery(config, args)
-    runtime = Runtime(make_bindings(config), start_unreachable=True)
+    declared = typed_handles(binding.script_module) if isinstance(obj, Script) else []
+    runtime = Runtime(make_bindings(config), declared=declared, start_unreachable=True)
     return anyio.run(
         lambda: run_worker(
             binding,

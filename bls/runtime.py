@@ -30,12 +30,11 @@ from .scope import current as current_context
 
 log = logging.getLogger("bls")
 
-__all__ = ["BindingError", "Runtime", "StageStream", "current", "declare", "declared"]
+__all__ = ["BindingError", "Runtime", "StageStream", "current"]
 
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
     "bls_runtime", default=None
 )
-_declared: dict[str, Signature] = {}
 
 
 class BindingError(Exception):
@@ -49,9 +48,10 @@ class BindingError(Exception):
         super().__init__("; ".join(problems))
 
 
-def declare(name: str, signature: Signature) -> None:
-    """Register the request/response types a typed handle declares for ``name``."""
-    previous = _declared.get(name)
+def declare(declared: dict[str, Signature], name: str, signature: Signature) -> None:
+    """Add the types a typed handle declares for ``name`` to ``declared``; TypeError if
+    another handle declared other types for it."""
+    previous = declared.get(name)
     if previous is not None and previous != signature:
         first, second = _sig_text(previous), _sig_text(signature)
         hint = " (different classes with the same name: is a module imported twice?)"
@@ -59,12 +59,7 @@ def declare(name: str, signature: Signature) -> None:
             f"stage {name!r} is declared twice with different types: {first} and {second}"
             + (hint if first == second else "")
         )
-    _declared[name] = signature
-
-
-def declared(name: str) -> Signature | None:
-    """The types declared for a stage name by a typed handle, if any."""
-    return _declared.get(name)
+    declared[name] = signature
 
 
 def _sig_text(sig: Signature) -> str:
@@ -83,15 +78,13 @@ def current() -> Runtime:
     return rt
 
 
-def _expect(name: str, binding: Binding) -> None:
+def _expect(name: str, binding: Binding, decl: Signature | None) -> None:
     """Results come back in the declared type, or else in the worker's own."""
-    decl = _declared.get(name)
     binding.expect(decl.response if decl is not None else binding.signature.response)
 
 
-def type_problems(name: str, binding: Binding) -> list[str]:
-    """Why a typed handle's declared types and a binding's signature disagree."""
-    decl = _declared.get(name)
+def type_problems(name: str, binding: Binding, decl: Signature | None) -> list[str]:
+    """Why a typed handle's declared types (``decl``) and a binding's signature disagree."""
     if decl is None:
         return []
     sig = binding.signature
@@ -118,7 +111,10 @@ def type_problems(name: str, binding: Binding) -> list[str]:
 
 
 def use_problems(
-    uses: Iterable[StageUse], bindings: Mapping[str, Binding], unopened: Iterable[str] = ()
+    uses: Iterable[StageUse],
+    bindings: Mapping[str, Binding],
+    declared: Mapping[str, Signature],
+    unopened: Iterable[str] = (),
 ) -> list[str]:
     """Stage names a script's source uses that are unbound or called in the wrong mode
     (``unopened`` bindings, whose workers never answered, have no mode to compare)."""
@@ -132,7 +128,7 @@ def use_problems(
         binding = bindings.get(use.name)
         if binding is None:
             problems.append(f"stage {use.name!r} is not bound (used at {where})")
-        elif _declared.get(use.name) is None and use.streaming != binding.signature.streaming:
+        elif use.name not in declared and use.streaming != binding.signature.streaming:
             # With a typed handle, type_problems() has compared the modes already.
             want = "stage.stream()" if use.streaming else "stage()"
             have = "streaming" if binding.signature.streaming else "unary"
@@ -195,18 +191,26 @@ class Runtime:
 
     ``bindings`` maps stage names to :class:`Binding` objects or to anything
     :func:`bls.config.binding_for` accepts (a function, a Worker, ``"module:attr"``,
-    ``"tcp://host:port"``). Entering opens every binding, checks declared types
-    (:class:`BindingError` on any mismatch, before any set-up), then sets the workers
-    up; leaving tears them down, also on error or cancellation.
+    ``"tcp://host:port"``). ``declared`` are the typed handles (:class:`bls.Stage`,
+    :class:`bls.StreamStage`) whose types the bindings must fit: ``bls run``/``serve``/
+    ``worker`` pass the ones their script can see. Entering opens every binding, checks
+    them against the declared types (:class:`BindingError` on any mismatch, before any
+    set-up), then sets the workers up; leaving tears them down, also on error or
+    cancellation. A handle not declared up front is checked at its first call, and its
+    types are declared from then on.
     """
 
     def __init__(
         self,
         bindings: Mapping[str, Any] | None = None,
         *,
+        declared: Iterable[Any] = (),
         uses: Iterable[StageUse] = (),
         start_unreachable: bool = False,
     ) -> None:
+        self._declared: dict[str, Signature] = {}
+        for handle in declared:
+            declare(self._declared, handle.name, handle.signature)
         self._uses = list(uses)
         # Serving processes start before their remote stages are up (any start order).
         self._start_unreachable = start_unreachable
@@ -250,19 +254,34 @@ class Runtime:
                     problems.append(str(exc))
                 unopened.append(name)
                 continue
-            problems.extend(type_problems(name, binding))
-        problems.extend(use_problems(self._uses, self._bindings, unopened))
+            problems.extend(type_problems(name, binding, self._declared.get(name)))
+        problems.extend(use_problems(self._uses, self._bindings, self._declared, unopened))
         for name, binding in self._bindings.items():
-            _expect(name, binding)
+            _expect(name, binding, self._declared.get(name))
         return problems
 
     def _late_problems(self, name: str, binding: Binding) -> list[str]:
         """The checks :meth:`open` makes, for a stage whose first replica answered late."""
         uses = [use for use in self._uses if use.name == name]
-        problems = type_problems(name, binding) + use_problems(uses, {name: binding})
+        decl = self._declared.get(name)
+        problems = type_problems(name, binding, decl)
+        problems += use_problems(uses, {name: binding}, self._declared)
         if not problems:
-            _expect(name, binding)
+            _expect(name, binding, decl)
         return problems
+
+    def _learn(self, name: str, signature: Signature) -> None:
+        """A typed handle not declared up front, at its first call: its types are
+        checked against the binding now, then declared (BindingError if they differ)."""
+        declare(self._declared, name, signature)
+        binding = self._bindings.get(name)
+        if binding is None or not binding.ready():
+            return  # not bound (the call says so) or not resolved yet (checked then)
+        problems = type_problems(name, binding, signature)
+        if problems:
+            del self._declared[name]
+            raise BindingError(problems)
+        _expect(name, binding, signature)
 
     async def start(self) -> None:
         problems = await self.open()
@@ -328,6 +347,18 @@ class Runtime:
     def stream(self, name: str, req: Any) -> StageStream:
         """Open a streaming stage call (lazily: nothing is sent until iterated)."""
         return StageStream(self.binding(name), req, current_context())
+
+    def call_declared(self, name: str, signature: Signature, req: Any) -> Any:
+        """:meth:`call` from a typed handle that declares ``signature`` for ``name``."""
+        if name not in self._declared:
+            self._learn(name, signature)
+        return self.call(name, req)
+
+    def stream_declared(self, name: str, signature: Signature, req: Any) -> StageStream:
+        """:meth:`stream` from a typed handle that declares ``signature`` for ``name``."""
+        if name not in self._declared:
+            self._learn(name, signature)
+        return self.stream(name, req)
 
     # -- requests ---------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
 from .messages import Signature
-from .runtime import StageStream, current, declare
+from .runtime import StageStream, current
 
 __all__ = ["Stage", "StreamStage", "stage"]
 
@@ -50,10 +50,13 @@ stage = _StageCaller()
 class Stage(Generic[Req, Resp]):
     """A typed handle on a unary stage: ``encoder = bls.Stage("encoder", Image, Embedding)``.
 
-    ``await encoder(req)`` is ``await stage("encoder", req)``. Declaring the handle
-    registers the types for the name: results of untyped ``stage("encoder", ...)`` calls
-    are converted to ``Resp`` too, and ``bls check``/``run``/``serve`` refuse a binding
-    whose worker declares other types.
+    ``await encoder(req)`` is ``await stage("encoder", req)``, with the result in
+    ``Resp``. The handle declares the types for the name to the runtime that serves the
+    script: ``bls check``/``run``/``serve``/``worker`` find the handles among the script
+    module's globals (imported ones too) and refuse a binding whose worker declares other
+    types before the first request; results of untyped ``stage("encoder", ...)`` calls are
+    converted to ``Resp`` too. A library user passes them as ``bls.Runtime(...,
+    declared=[...])``; a handle it did not pass is checked at its first call.
     """
 
     streaming = False
@@ -62,10 +65,10 @@ class Stage(Generic[Req, Resp]):
         self.name = name
         self.request = request
         self.response = response
-        declare(name, Signature(request=request, response=response, streaming=self.streaming))
+        self.signature = Signature(request=request, response=response, streaming=False)
 
     def __call__(self, req: Req) -> Coroutine[Any, Any, Resp]:
-        return current().call(self.name, req)
+        return current().call_declared(self.name, self.signature, req)
 
     def __repr__(self) -> str:
         return f"bls.{type(self).__name__}({self.name!r}, {self.request!r}, {self.response!r})"
@@ -80,10 +83,10 @@ class StreamStage(Generic[Req, Resp]):
         self.name = name
         self.request = request
         self.item = item
-        declare(name, Signature(request=request, response=item, streaming=True))
+        self.signature = Signature(request=request, response=item, streaming=True)
 
     def __call__(self, req: Req) -> StageStream:
-        return current().stream(self.name, req)
+        return current().stream_declared(self.name, self.signature, req)
 
     def __repr__(self) -> str:
         return f"bls.StreamStage({self.name!r}, {self.request!r}, {self.item!r})"

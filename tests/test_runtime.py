@@ -119,19 +119,19 @@ async def test_invalid_request_names_stage_and_field_path() -> None:
 
 
 async def test_invalid_response_is_reported() -> None:
-    bls.Stage("liar", Text, int)
+    handle = bls.Stage("liar", Text, int)
 
     async def liar(req: Text) -> str:
         return "not a number"
 
     with pytest.raises(bls.BindingError, match="returns str"):
-        async with bls.Runtime({"liar": liar}):
+        async with bls.Runtime({"liar": liar}, declared=[handle]):
             pass
 
     async def unannotated(req: Text):  # type: ignore[no-untyped-def]
         return "not a number"
 
-    async with bls.Runtime({"liar": unannotated}):
+    async with bls.Runtime({"liar": unannotated}, declared=[handle]):
         with pytest.raises(bls.StageError) as info:
             await stage("liar", Text(text=""))
     assert info.value.kind == "invalid_response"
@@ -159,12 +159,33 @@ async def test_stage_outside_a_runtime_says_how_to_run() -> None:
 
 async def test_typed_handle_mismatch_fails_before_setup() -> None:
     Counter.events = []
-    bls.Stage("counted", Text, str)
+    handle = bls.Stage("counted", Text, str)
     with pytest.raises(bls.BindingError) as info:
-        async with bls.Runtime({"counted": Counter}):
+        async with bls.Runtime({"counted": Counter}, declared=[handle]):
             pass
     assert "'counted'" in str(info.value) and "returns int" in str(info.value)
     assert Counter.events == []
+
+
+async def test_a_handle_not_declared_up_front_is_checked_at_its_first_call() -> None:
+    wrong = bls.Stage("counted", Text, str)
+    right = bls.Stage("counted", Text, int)
+    async with bls.Runtime({"counted": Counter}):
+        with pytest.raises(bls.BindingError, match="returns int"):
+            await wrong(Text(text=""))
+        assert await right(Text(text="")) == 1
+        # From then on the stage is declared: untyped calls come back in its type too.
+        assert await stage("counted", Text(text="")) == 2
+
+
+async def test_handles_declare_only_to_the_runtime_they_are_given_to() -> None:
+    # Two scripts in one process may type the same stage name differently.
+    as_text = bls.Stage("shared_name", Text, Shout)
+    as_other = bls.Stage("shared_name", Other, Shout)
+    async with bls.Runtime({"shared_name": helpers.upper}, declared=[as_text]):
+        assert await as_text(Text(text="a")) == Shout(text="A")
+    async with bls.Runtime({"shared_name": helpers.upper}, declared=[as_other]):
+        assert await as_other(Other(text="b")) == Shout(text="B")
 
 
 class Other(bls.Message):
@@ -178,10 +199,12 @@ async def test_typed_handle_accepts_same_shape_under_another_name() -> None:
 
 
 async def test_conflicting_declarations_are_rejected() -> None:
-    bls.Stage("declared_once", Text, str)
-    bls.Stage("declared_once", Text, str)  # identical: fine
+    first = bls.Stage("declared_once", Text, str)
+    same = bls.Stage("declared_once", Text, str)  # identical: fine
+    other = bls.Stage("declared_once", Text, int)
+    bls.Runtime({}, declared=[first, same])
     with pytest.raises(TypeError, match="declared twice"):
-        bls.Stage("declared_once", Text, int)
+        bls.Runtime({}, declared=[first, other])
 
 
 async def test_cancelling_a_request_cancels_inline_workers_and_leaves_no_task() -> None:
@@ -348,3 +371,21 @@ async def test_feed_hands_each_item_to_the_sink_in_order_and_closes_the_script()
             await rt.feed(countdown, {"text": "x y"}, full)
     assert got == ["A", "B", "C", "A"]
     assert helpers.probe.finished == 3  # the script's finally ran every time
+
+
+def test_the_handles_a_script_can_see_are_its_globals_and_its_imported_modules() -> None:
+    import types
+
+    from bls.check import typed_handles
+
+    contracts = types.ModuleType("contracts")
+    shared = bls.Stage("shared", Text, Shout)
+    contracts.shared = shared  # type: ignore[attr-defined]
+    contracts.streamed = bls.StreamStage("streamed", Text, str)  # type: ignore[attr-defined]
+    script = types.ModuleType("script")
+    own = bls.Stage("own", Text, str)
+    script.own = own  # type: ignore[attr-defined]
+    script.contracts = contracts  # type: ignore[attr-defined]  # import contracts
+    script.again = shared  # type: ignore[attr-defined]  # from contracts import shared
+    found = typed_handles(script, None)
+    assert sorted(h.name for h in found) == ["own", "shared", "streamed"]
