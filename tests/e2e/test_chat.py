@@ -22,7 +22,6 @@ from .procs import Proc, start, stop
 require_vllm()  # skips the module without vLLM; CI requires it
 
 SCRIPT = "examples/chat/chat.py"
-ENGINE = ["--option=max_model_len=512", "--option=enforce_eager=true", "--option=dtype=float32"]
 ASK = [{"role": "user", "content": "what is in this image ?"}]
 
 
@@ -36,12 +35,8 @@ def served(
     try:
         binds: list[str] = []
         if request.param == "remote":
-            worker = start(
-                ["worker", "bls.models.vllm:VllmWorker", "--listen", "tcp://127.0.0.1:0", *ENGINE],
-                ready_timeout=240,
-                env=env,
-            )
-            procs.append(worker)
+            # The session's vLLM worker (the same tiny model): one engine start fewer.
+            worker = request.getfixturevalue("vision_workers")["generator"]
             binds = ["--bind", f"generator={worker.address}"]
         server = start(["serve", SCRIPT, "--port", "0", *binds], ready_timeout=240, env=env)
         procs.append(server)

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,7 +23,7 @@ from bls import stage
 from bls.models import tiny
 from bls.models.vllm import GenerateItem, GenerateRequest, VllmOptions, VllmWorker
 
-from .cli import bls_env, require_vllm
+from .cli import require_vllm
 from .procs import Proc, start, stop, wait_for
 
 require_vllm()  # skips the module without vLLM; CI requires it
@@ -130,25 +130,10 @@ async def test_a_deadline_aborts_the_engine_request(engine: VllmWorker) -> None:
 
 
 @pytest.fixture(scope="module")
-def remote_engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
-    options = [f"--option={k}={json.dumps(v)}" for k, v in ENGINE.items()]
-    proc = start(
-        [
-            "worker",
-            "bls.models.vllm:VllmWorker",
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--option",
-            f"model={model_dir}",
-            *options,
-        ],
-        ready_timeout=180,
-        env=bls_env(TMPDIR=str(tmp_path_factory.mktemp("vllm-worker"))),
-    )
-    try:
-        yield proc
-    finally:
-        stop(proc.popen)
+def remote_engine(vision_workers: dict[str, Proc]) -> Proc:
+    """The session's vLLM `bls worker` (the tiny model; one engine start for every
+    module that needs one)."""
+    return vision_workers["generator"]
 
 
 def _aborts(proc: Proc) -> list[str]:
