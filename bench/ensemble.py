@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from _procs import spawn
+from _procs import cpu_seconds, spawn, spread
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -91,20 +91,14 @@ def _run_load(url: str, body: bytes, c: int, seconds: float, queue: multiprocess
     queue.put(asyncio.run(_load(url, body, c, seconds)))
 
 
-def _cpu(pid: int) -> float:
-    """The process's user + system CPU seconds so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(url: str, pid: int, body: bytes, c: int, seconds: float) -> dict[str, float]:
     queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     proc = multiprocessing.Process(target=_run_load, args=(url, body, c, seconds, queue))
-    cpu0 = _cpu(pid)
+    cpu0 = cpu_seconds(pid)
     proc.start()
     results = queue.get(timeout=seconds + 120)
     proc.join()
-    cpu = _cpu(pid) - cpu0
+    cpu = cpu_seconds(pid) - cpu0
     lat = sorted(r[0] for r in results)
     return {
         "rps": len(results) / seconds,
@@ -112,10 +106,6 @@ def measure(url: str, pid: int, body: bytes, c: int, seconds: float) -> dict[str
         "ttfe_ms": statistics.median(r[1] for r in results) * 1000,
         "cpu_ms": cpu / max(1, len(results)) * 1000,  # includes the warm-up's few requests
     }
-
-
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main() -> None:
@@ -208,9 +198,9 @@ def main() -> None:
 
             print(
                 f"| {c} | {med(h, 'rps'):.1f} | {med(b, 'rps'):.1f} "
-                f"| {_spread([x['rps'] / y['rps'] for x, y in zip(b, h, strict=True)])} "
+                f"| {spread([x['rps'] / y['rps'] for x, y in zip(b, h, strict=True)])} "
                 f"| {med(h, 'p50_ms'):.1f} / {med(b, 'p50_ms'):.1f} "
-                f"| {_spread([x['p50_ms'] - y['p50_ms'] for x, y in zip(b, h, strict=True)])} "
+                f"| {spread([x['p50_ms'] - y['p50_ms'] for x, y in zip(b, h, strict=True)])} "
                 f"| {med(h, 'ttfe_ms'):.1f} / {med(b, 'ttfe_ms'):.1f} "
                 f"| {med(h, 'cpu_ms'):.2f} / {med(b, 'cpu_ms'):.2f} |",
                 flush=True,

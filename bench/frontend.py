@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from _procs import spawn
+from _procs import cpu_seconds, serve_app, spawn, spread, stop_all
 
 HERE = Path(__file__).resolve().parent
 BLS = str(Path(sys.executable).with_name("bls"))
@@ -103,23 +102,12 @@ def measure(url: str, path: str, concurrency: int, seconds: float) -> tuple[floa
     return len(latencies) / seconds, p50, p99
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure_server(pid: int, url: str, path: str, concurrency: int, seconds: float) -> tuple:
     """(req/s, p50 ms, p99 ms, server CPU µs per request)."""
-    cpu = _cpu_seconds(pid)
+    cpu = cpu_seconds(pid)
     rps, p50, p99 = measure(url, path, concurrency, seconds)
-    used = _cpu_seconds(pid) - cpu
+    used = cpu_seconds(pid) - cpu
     return rps, p50, p99, used / max(rps * seconds, 1) * 1e6
-
-
-def _spread(values: list[float], fmt: str) -> str:
-    low, mid, high = (format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
-    return f"{mid} [{low}-{high}]"
 
 
 def main() -> None:
@@ -136,26 +124,7 @@ def main() -> None:
     try:
         worker, address = spawn([BLS, "worker", f"{APP}:echo", "--listen", "tcp://127.0.0.1:0"])
         procs.append(worker)
-        server, bls_url = spawn(
-            [
-                BLS,
-                "serve",
-                APP,
-                "--port",
-                "0",
-                "--bind",
-                f"echo={address}",
-                "--bind",
-                f"tick={APP}:tick",
-                "--backend",
-                args.backend,
-                "--no-access-log",
-                "--log-level",
-                "warning",
-                "--max-inflight",
-                "1024",
-            ]
-        )
+        server, bls_url = serve_app(address, "--backend", args.backend, "--max-inflight", "1024")
         procs.append(server)
         floor, floor_url = spawn([sys.executable, APP, address])
         procs.append(floor)
@@ -182,17 +151,14 @@ def main() -> None:
                 print(
                     f"| {entry} | {c} | {med(f[0] for f in floors):,.0f} "
                     f"| {med(b[0] for b in blss):,.0f} "
-                    f"| {_spread([b[0] / f[0] for f, b in pairs], '.2f')} "
+                    f"| {spread([b[0] / f[0] for f, b in pairs], '.2f')} "
                     f"| {med(f[1] for f in floors):.3f} / {med(b[1] for b in blss):.3f} "
                     f"| {med(f[3] for f in floors):.0f} / {med(b[3] for b in blss):.0f} "
-                    f"| {_spread([b[3] / f[3] for f, b in pairs], '.2f')} |",
+                    f"| {spread([b[3] / f[3] for f, b in pairs], '.2f')} |",
                     flush=True,
                 )
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        stop_all(procs)
 
 
 if __name__ == "__main__":

@@ -37,23 +37,16 @@ ROOT = HERE.parent
 # that vLLM imports, and find the bench helpers after the real packages.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
-from _procs import spawn  # noqa: E402
+from _procs import cpu_seconds, spawn, spread  # noqa: E402
 
 BLS = str(Path(sys.executable).with_name("bls"))
 ENGINE = {"max_model_len": 512, "enforce_eager": True, "dtype": "float32"}
-CLOCK = os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process so far (not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK
 
 
 def _wait_http(url: str, proc: subprocess.Popen[Any], timeout: float = 300) -> None:
@@ -81,7 +74,7 @@ class Server:
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds of the HTTP server process, and of all the counted processes."""
-        each = [_cpu_seconds(p.pid) for p in self.procs]
+        each = [cpu_seconds(p.pid) for p in self.procs]
         return each[-1], sum(each)
 
     def stop(self) -> None:
@@ -187,10 +180,6 @@ def run_load(server: Server, model: str, concurrency: int, prompts: int) -> dict
     }
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -242,7 +231,7 @@ def main() -> None:
                 ("cpu_all", "cpu"),
             ):
                 ratios = [o[key] / t[base] for o, t in zip(ours, theirs, strict=True)]
-                cells.append(f"{_spread(ratios):<18}")
+                cells.append(f"{spread(ratios):<18}")
             cpu_ours = statistics.median(o["cpu"] for o in ours)
             cpu_all = statistics.median(o["cpu_all"] for o in ours)
             cpu_theirs = statistics.median(t["cpu"] for t in theirs)

@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import os
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _procs import spawn
+from _procs import cpu_seconds, rss_bytes, serve_app, spawn, spread, stop_all
 
 HERE = Path(__file__).resolve().parent
 BLS = str(Path(sys.executable).with_name("bls"))
@@ -36,18 +34,6 @@ APP = str(HERE / "serving" / "app.py")
 def _raise_fd_limit() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 # -- the load (a process of its own) -----------------------------------------------------
@@ -99,18 +85,18 @@ def _load(url: str, streams: int, events: int, opened: Any, queue: Any) -> None:
 
 
 def run(pid: int, url: str, streams: int, events: int) -> dict[str, float]:
-    rss0, cpu0 = _rss_bytes(pid), _cpu_seconds(pid)
+    rss0, cpu0 = rss_bytes(pid), cpu_seconds(pid)
     opened, queue = multiprocessing.Event(), multiprocessing.Queue()
     load = multiprocessing.Process(target=_load, args=(url, streams, events, opened, queue))
     t0 = time.perf_counter()
     load.start()
     opened.wait()
     time.sleep(min(events / 2, 5))  # all open, mid-stream
-    rss = _rss_bytes(pid) - rss0
+    rss = rss_bytes(pid) - rss0
     results = queue.get()
     load.join()
     wall = time.perf_counter() - t0
-    cpu = _cpu_seconds(pid) - cpu0
+    cpu = cpu_seconds(pid) - cpu0
     ok = sum(1 for good, _ in results if good)
     slowest = max((took for _, took in results), default=0.0)
     return {
@@ -122,10 +108,6 @@ def run(pid: int, url: str, streams: int, events: int) -> dict[str, float]:
     }
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=10_000)
@@ -135,24 +117,7 @@ def main() -> None:
     _raise_fd_limit()
     procs = []
     try:
-        server, bls_url = spawn(
-            [
-                BLS,
-                "serve",
-                APP,
-                "--port",
-                "0",
-                "--bind",
-                "echo=tcp://127.0.0.1:9",  # unused here
-                "--bind",
-                f"tick={APP}:tick",
-                "--no-access-log",
-                "--log-level",
-                "warning",
-                "--max-inflight",
-                str(args.streams + 100),
-            ]
-        )
+        server, bls_url = serve_app("tcp://127.0.0.1:9", "--max-inflight", str(args.streams + 100))
         procs.append(server)
         floor, floor_url = spawn([sys.executable, APP, "tcp://127.0.0.1:9"])
         procs.append(floor)
@@ -184,17 +149,14 @@ def main() -> None:
         pairs = list(zip(runs["bare"], runs["bls"], strict=True))
 
         def ratio(key: str, pairs: list[tuple[dict[str, float], dict[str, float]]]) -> str:
-            return _spread([b[key] / f[key] for f, b in pairs])
+            return spread([b[key] / f[key] for f, b in pairs])
 
         print(
             f"\nbls / bare: CPU per event {ratio('cpu_per_event_us', pairs)}, memory per "
             f"stream {ratio('kb_per_stream', pairs[:1])}, slowest stream {ratio('slowest', pairs)}"
         )
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        stop_all(procs)
 
 
 if __name__ == "__main__":
