@@ -89,10 +89,10 @@ class AsyncSocket:
             self.drain()
 
     def _check(self) -> None:
-        """Input that arrived while tasks sent (their sends may have taken the FD's edge)."""
+        """Input that arrived while tasks sent (their sends may have taken the FD's edge);
+        :meth:`drain` reads ``zmq.EVENTS`` first, so this costs one read when there is none."""
         self._check_soon = False
-        if not self.closed and int(self.sock.get(_EVENTS)) & _POLLIN:
-            self.drain()
+        self.drain()
 
     def _send_now(self, frames: Sequence[Any]) -> bool:
         """Send one message without blocking; False if the queue is full (nothing sent).
