@@ -92,7 +92,7 @@ class AsyncSocket:
         """Input that arrived while tasks sent (their sends may have taken the FD's edge);
         :meth:`drain` reads ``zmq.EVENTS`` first, so this costs one read when there is none."""
         self._check_soon = False
-        self.drain()
+        self._readable()
 
     def _send_now(self, frames: Sequence[Any]) -> bool:
         """Send one message without blocking; False if the queue is full (nothing sent).

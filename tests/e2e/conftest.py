@@ -12,7 +12,7 @@ from .procs import Proc, start, stop
 
 @pytest.fixture(scope="session")
 def vision_workers() -> Iterator[dict[str, Proc]]:
-    """`bls worker` processes for the examples and the engine tests: encoder, classifier,
+    """`bls worker` processes for the examples and the served chat: encoder, classifier,
     generator (the tiny model; one vLLM engine start for all the modules that use it)."""
     from .cli import require_vllm
 

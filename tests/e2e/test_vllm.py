@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,7 +23,7 @@ from bls import stage
 from bls.models import tiny
 from bls.models.vllm import GenerateItem, GenerateRequest, VllmOptions, VllmWorker
 
-from .cli import require_vllm
+from .cli import bls_env, require_vllm
 from .procs import Proc, start, stop, wait_for
 
 require_vllm()  # skips the module without vLLM; CI requires it
@@ -130,10 +130,26 @@ async def test_a_deadline_aborts_the_engine_request(engine: VllmWorker) -> None:
 
 
 @pytest.fixture(scope="module")
-def remote_engine(vision_workers: dict[str, Proc]) -> Proc:
-    """The session's vLLM `bls worker` (the tiny model; one engine start for every
-    module that needs one)."""
-    return vision_workers["generator"]
+def remote_engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    # A worker of its own (not the session's): these tests count the aborts in its log.
+    options = [f"--option={k}={json.dumps(v)}" for k, v in ENGINE.items()]
+    proc = start(
+        [
+            "worker",
+            "bls.models.vllm:VllmWorker",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--option",
+            f"model={model_dir}",
+            *options,
+        ],
+        ready_timeout=180,
+        env=bls_env(TMPDIR=str(tmp_path_factory.mktemp("vllm-worker"))),
+    )
+    try:
+        yield proc
+    finally:
+        stop(proc.popen)
 
 
 def _aborts(proc: Proc) -> list[str]:
@@ -177,7 +193,15 @@ def test_http_disconnect_aborts_the_request_in_the_workers_engine(remote_engine:
             while received.count(b"data: ") < 2:
                 received += sock.recv(65536)
         assert received.startswith(b"HTTP/1.1 200")
-        wait_for(lambda: len(_aborts(remote_engine)) > before, timeout=15)
+        try:
+            wait_for(lambda: len(_aborts(remote_engine)) > before, timeout=15)
+        except AssertionError:
+            raise AssertionError(
+                "no abort in the worker's engine after the client left; server:\n"
+                + server.log()[-3000:]
+                + "\nworker:\n"
+                + "".join(remote_engine.lines[-30:])
+            ) from None
         assert _aborts(remote_engine)[-1].rstrip().endswith("(unfinished in the engine now: 0)")
     finally:
         server.signal(signal.SIGTERM)
