@@ -34,7 +34,7 @@ from . import wire
 from .keys import client_curve
 from .liveness import ticks
 from .settings import TransportConfig
-from .sockets import AsyncSocket
+from .sockets import AsyncSocket, park, unpark, until_unparked
 from .wire import ErrorInfo, Header, Hello, Kind, WorkerInfo
 
 __all__ = ["Connection", "RemoteBinding"]
@@ -63,8 +63,7 @@ _monitors = 0  # monitor sockets made so far (each needs an endpoint of its own)
 class _Call:
     """One call's inbox: frames for it, in order, as the reader delivers them.
 
-    The caller waits on an asyncio future on asyncio (an anyio Event costs several times
-    more there), on an anyio Event on trio (``loop`` is None).
+    The caller waits on :func:`~.sockets.park` (``loop`` None on trio).
     """
 
     __slots__ = ("done", "id", "items", "loop", "spans", "waiter")
@@ -79,21 +78,13 @@ class _Call:
 
     def put(self, kind: int, rest: Any) -> None:
         self.items.append((kind, rest))
-        waiter = self.waiter
-        if waiter is not None:
-            if self.loop is None:
-                waiter.set()
-            elif not waiter.done():  # not a caller cancelled while it waited
-                waiter.set_result(None)
+        if self.waiter is not None:
+            unpark(self.waiter)
 
     async def get(self) -> tuple[int, Any]:
         while not self.items:
-            if self.loop is not None:
-                self.waiter = self.loop.create_future()
-                await self.waiter
-            else:
-                self.waiter = anyio.Event()
-                await self.waiter.wait()
+            self.waiter = park(self.loop)
+            await until_unparked(self.waiter)
             self.waiter = None
         return self.items.popleft()
 

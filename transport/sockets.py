@@ -29,7 +29,7 @@ import anyio.lowlevel
 import sniffio
 import zmq
 
-__all__ = ["AsyncSocket"]
+__all__ = ["AsyncSocket", "park", "unpark", "until_unparked"]
 
 BATCH = 256  # messages handled per drain before yielding to other tasks
 # Plain ints: pyzmq's flag enums cost an enum operation on every combination.
@@ -40,6 +40,31 @@ _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
 _ZERO_COPY_MIN = 64 * 1024  # smaller frames are cheaper to copy than to pin
 _UNROUTABLE = (zmq.EAGAIN, zmq.EHOSTUNREACH)
+
+
+def park(loop: asyncio.AbstractEventLoop | None) -> Any:
+    """Something a task waits on until a message's dispatch wakes it: an asyncio future
+    on asyncio (``loop``; an anyio Event costs several times more there), an anyio Event
+    on trio (``loop`` None). Wait with :func:`until_unparked`, wake with :func:`unpark`."""
+    return anyio.Event() if loop is None else loop.create_future()
+
+
+async def until_unparked(waiter: Any) -> None:
+    if isinstance(waiter, anyio.Event):
+        await waiter.wait()
+    else:
+        await waiter
+
+
+def unpark(waiter: Any) -> bool:
+    """Wake the task waiting on ``waiter``; False if it was cancelled while it waited."""
+    if isinstance(waiter, anyio.Event):
+        waiter.set()
+    elif waiter.done():
+        return False
+    else:
+        waiter.set_result(None)
+    return True
 
 
 class AsyncSocket:

@@ -33,7 +33,7 @@ from bls.tracing import Span, Trace, encode_spans, outcome_of
 
 from . import wire
 from .liveness import ticks
-from .sockets import AsyncSocket
+from .sockets import AsyncSocket, park, unpark, until_unparked
 from .wire import Header, Kind, WorkerInfo
 
 __all__ = ["WorkerServer", "WorkerStats"]
@@ -146,9 +146,7 @@ class WorkerServer:
         # than the call itself for small requests. At most max_inflight lanes exist.
         self._pending: collections.deque[tuple[_CallState, Any, float]] = collections.deque()
         self._asyncio = True  # which loop serves calls (set by serve)
-        # Idle lanes, each waiting on what wakes it: an asyncio future on asyncio (an
-        # anyio Event costs several times more there), an anyio Event on trio.
-        self._parked: list[Any] = []
+        self._parked: list[Any] = []  # what each idle lane waits on (sockets.park)
         self._lanes = 0
         sig = binding.signature
         self._request = wire.Codec(sig.request)
@@ -385,12 +383,7 @@ class WorkerServer:
         """Wake an idle lane; False if there is none."""
         parked = self._parked
         while parked:
-            wake = parked.pop()
-            if not self._asyncio:
-                wake.set()
-                return True
-            if not wake.done():  # not a lane cancelled while it waited
-                wake.set_result(None)
+            if unpark(parked.pop()):  # else a lane cancelled while it waited
                 return True
         return False
 
@@ -400,14 +393,9 @@ class WorkerServer:
         while True:
             while pending:
                 await self._run_call(*pending.popleft())
-            if loop is not None:
-                wake = loop.create_future()
-                self._parked.append(wake)
-                await wake
-            else:
-                event = anyio.Event()
-                self._parked.append(event)
-                await event.wait()
+            waiter = park(loop)
+            self._parked.append(waiter)
+            await until_unparked(waiter)
 
     def _on_cancel(self, client: bytes, header: Header) -> None:
         state = self._calls.get((client, header.call))
