@@ -376,10 +376,7 @@ class Runtime:
         try:
             if timeout is None:  # no scope of its own: the caller's scopes govern it
                 return entry.check_result(await entry.fn(req))
-            ctx = current_context()
-            scope = RequestScope(entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline)
-            scope.expire_after(timeout)
-            async with scope:
+            async with _own_scope(entry, current_context(), timeout):
                 return entry.check_result(await entry.fn(req))
             raise _deadline(entry, timeout)
         finally:
@@ -428,9 +425,7 @@ class Runtime:
 
         async def produce() -> None:
             token = _current.set(self)
-            scope = RequestScope(entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline)
-            if timeout is not None:
-                scope.expire_after(timeout)
+            scope = _own_scope(entry, ctx, timeout)
             async with send:
                 try:
                     async with scope:
@@ -459,6 +454,15 @@ class Runtime:
                 tg.cancel_scope.cancel()
         if failure is not None:
             raise failure
+
+
+def _own_scope(entry: Script, ctx: CallContext, timeout: float | None) -> RequestScope:
+    """A request's own scope inside its caller's (``ctx``): the caller's trace and span,
+    the caller's deadline carried, and ``timeout`` of its own."""
+    scope = RequestScope(entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline)
+    if timeout is not None:
+        scope.expire_after(timeout)
+    return scope
 
 
 def _deadline(entry: Script, timeout: float | None) -> DeadlineExceeded:
