@@ -18,15 +18,9 @@ import multiprocessing
 import statistics
 import sys
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from _procs import cpu_seconds, serve_app, spawn, spread, stop_all
-
-HERE = Path(__file__).resolve().parent
-BLS = str(Path(sys.executable).with_name("bls"))
-APP = str(HERE / "serving" / "app.py")
-
+from _procs import BLS, SERVING_APP, cpu_seconds, serve_app, spawn, spread, stop_all
 
 # -- the load generator (a process of its own) -------------------------------------------
 
@@ -122,11 +116,13 @@ def main() -> None:
 
     procs = []
     try:
-        worker, address = spawn([BLS, "worker", f"{APP}:echo", "--listen", "tcp://127.0.0.1:0"])
+        worker, address = spawn(
+            [BLS, "worker", f"{SERVING_APP}:echo", "--listen", "tcp://127.0.0.1:0"]
+        )
         procs.append(worker)
         server, bls_url = serve_app(address, "--backend", args.backend, "--max-inflight", "1024")
         procs.append(server)
-        floor, floor_url = spawn([sys.executable, APP, address])
+        floor, floor_url = spawn([sys.executable, SERVING_APP, address])
         procs.append(floor)
 
         print(

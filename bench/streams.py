@@ -21,14 +21,9 @@ import multiprocessing
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from _procs import cpu_seconds, rss_bytes, serve_app, spawn, spread, stop_all
-
-HERE = Path(__file__).resolve().parent
-BLS = str(Path(sys.executable).with_name("bls"))
-APP = str(HERE / "serving" / "app.py")
+from _procs import SERVING_APP, cpu_seconds, rss_bytes, serve_app, spawn, spread, stop_all
 
 
 def _raise_fd_limit() -> None:
@@ -119,7 +114,7 @@ def main() -> None:
     try:
         server, bls_url = serve_app("tcp://127.0.0.1:9", "--max-inflight", str(args.streams + 100))
         procs.append(server)
-        floor, floor_url = spawn([sys.executable, APP, "tcp://127.0.0.1:9"])
+        floor, floor_url = spawn([sys.executable, SERVING_APP, "tcp://127.0.0.1:9"])
         procs.append(floor)
         print(
             f"{args.streams} SSE streams x {args.events} events, 1 s apart: bls serve vs bare "
