@@ -33,6 +33,7 @@ import sniffio
 from .tracing import Span, Trace, outcome_of
 
 __all__ = [
+    "LATEST_DEADLINE",
     "NO_CONTEXT",
     "CallContext",
     "RequestScope",
@@ -46,6 +47,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("bls")
+
+# The latest deadline a frame carries, in epoch seconds (the year 5138): a later one, from
+# a timeout of 1e12 s say, is sent as none; one a peer sends past it is refused.
+LATEST_DEADLINE = 1e11
 
 
 class CallContext:
@@ -66,8 +71,9 @@ class CallContext:
 
     @property
     def wire_deadline(self) -> float:
-        """The deadline as a frame carries it (0: none)."""
-        return 0.0 if self.deadline == math.inf else self.deadline
+        """The deadline as a frame carries it (0: none; so is one past
+        :data:`LATEST_DEADLINE`, which no request lives to see)."""
+        return 0.0 if self.deadline >= LATEST_DEADLINE else self.deadline
 
     def within(self, deadline: float) -> CallContext:
         """The same, with the deadline lowered to ``deadline`` (never raised)."""
@@ -128,9 +134,15 @@ class Timers:
         self._armed = 0  # the key the loop timer is armed for; 0: none
         self._handle: asyncio.TimerHandle | None = None
 
+    @staticmethod
+    def key(when: float) -> int:
+        """The bucket of loop time ``when`` (finite): its millisecond, rounded up."""
+        return math.ceil(when * 1000)
+
     def add(self, when: float, fn: Callable[[], object]) -> int:
-        """Call ``fn`` once at loop time ``when``; returns the key :meth:`remove` takes."""
-        key = math.ceil(when * 1000)
+        """Call ``fn`` once at loop time ``when`` (finite); returns the key :meth:`remove`
+        takes."""
+        key = self.key(when)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = set()
@@ -262,10 +274,11 @@ class RequestScope:
             return
         assert self._loop is not None and self._timers is not None
         self._when = math.inf if seconds is None else self._loop.time() + seconds
-        if self._timer and math.ceil(self._when * 1000) < self._timer:  # sooner: re-arm
-            self._timers.remove(self._timer, self._on_timer)
-            self._arm()
-        elif not self._timer and self._task is not None and not self._exited:
+        if self._timer:
+            if self._when == math.inf or Timers.key(self._when) < self._timer:
+                self._timers.remove(self._timer, self._on_timer)  # none now, or sooner
+                self._arm()
+        elif self._task is not None and not self._exited:
             self._arm()
 
     def _arm(self) -> None:
@@ -283,9 +296,18 @@ class RequestScope:
             self._fire()
 
     def _fire(self) -> None:
-        if self._task is not None and not self._fired and not self._exited:
-            self._fired = True
-            self._task.cancel()
+        if self._task is None or self._fired or self._exited:
+            return
+        if asyncio.current_task() is self._task:
+            # The scope's own task, running: ``Task.cancel`` would strike at its next
+            # await wherever that is, after the scope if it ends first (and nothing
+            # could take the cancel back). Cancel from the loop instead, at that await,
+            # and only if it is still inside.
+            assert self._loop is not None
+            self._loop.call_soon(self._fire)
+            return
+        self._fired = True
+        self._task.cancel()
 
     def cancel(self) -> None:
         """Cancel the request now; before it starts, as it starts; after it ends, never

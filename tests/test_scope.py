@@ -177,3 +177,19 @@ def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:
         assert all(when >= start + wanted[name] for name, when in fired)
 
     asyncio.run(main())
+
+
+async def test_a_cancel_from_inside_just_before_it_ends_does_not_outlive_it() -> None:
+    """A worker's call that cancels its own scope as it finishes (its reply could not be
+    sent: the caller is gone) and returns without awaiting: the cancel must end with the
+    scope, not strike the task at its next await (which killed a worker's lane, and with
+    it the worker's whole task group)."""
+    for before in (False, True):
+        scope = RequestScope("r")
+        if before:
+            scope.cancel()  # a cancel frame came before the call started
+        async with scope:
+            if not before:
+                scope.cancel()
+        await anyio.sleep(0.01)  # must not raise: the task is not cancelled
+        assert not scope.expired

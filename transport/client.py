@@ -158,6 +158,7 @@ class Connection:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._sock.run)
+                tg.start_soon(self._sock.watch)
                 tg.start_soon(watcher.run)
                 tg.start_soon(self._heartbeats)
                 task_status.started()

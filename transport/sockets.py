@@ -5,11 +5,20 @@ with :func:`anyio.wait_readable`, which both backends provide natively. That FD 
 edge-triggered: it signals when the socket's state changes, not while messages are
 waiting, and any send or receive may consume the signal. So:
 
-- the reader drains the socket until ``EAGAIN`` before it waits on the FD again;
+- a drain ends only when ``zmq.EVENTS`` says no input is left. One that stops after a
+  batch (to let other work run) makes sure the rest is read soon: on asyncio it calls
+  itself again from the loop; on trio it wakes the reader task, which may be waiting
+  on the FD for an edge that a drain elsewhere already took. Whoever drains, nothing
+  is left unread with nothing to wake the reader;
+- a message whose handler raises is logged and counted (:attr:`AsyncSocket.errors`);
+  the messages after it are read as usual;
 - after a send, ``zmq.EVENTS`` is re-checked and pending input drained before the loop
   next waits: on asyncio once per loop iteration however many tasks sent (a callback
   scheduled by the first send), on trio right away in the sending task (dispatch is
   synchronous, so this is safe anywhere);
+- :meth:`AsyncSocket.watch`, belt and braces, looks each second for input that waits
+  with no wake-up coming (none of the above should ever allow it), logs it loudly,
+  counts it (:attr:`AsyncSocket.stalls`) and reads it;
 - sends never block: if the socket's queue is full the frames wait in a backlog that
   the reader flushes as soon as ``POLLOUT`` is reported. Flow control above (credits,
   in-flight limits) bounds that backlog. Because ``send`` is synchronous, a cancelled
@@ -21,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import logging
+import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +41,8 @@ import sniffio
 import zmq
 
 __all__ = ["AsyncSocket", "park", "unpark", "until_unparked"]
+
+log = logging.getLogger("bls.transport")
 
 BATCH = 256  # messages handled per drain before yielding to other tasks
 # Plain ints: pyzmq's flag enums cost an enum operation on every combination.
@@ -70,11 +83,12 @@ def unpark(waiter: Any) -> bool:
 class AsyncSocket:
     """A zmq socket whose incoming messages are handed to ``on_message`` synchronously.
 
-    ``on_message(frames)`` must not block or raise; it receives a list of ``zmq.Frame``.
-    For a ROUTER socket with ``ROUTER_MANDATORY`` set, ``unroutable(identity)`` is told
-    of a message that could not be queued for its peer (gone, or its queue is at the
-    high-water mark); the message is dropped rather than held: one peer that does not
-    read must not hold up the others, nor grow this process's memory.
+    ``on_message(frames)`` must not block; it receives a list of ``zmq.Frame``. If it
+    raises, the message is dropped, logged and counted in :attr:`errors`. For a ROUTER
+    socket with ``ROUTER_MANDATORY`` set, ``unroutable(identity)`` is told of a message
+    that could not be queued for its peer (gone, or its queue is at the high-water mark);
+    the message is dropped rather than held: one peer that does not read must not hold
+    up the others, nor grow this process's memory.
     """
 
     def __init__(
@@ -91,13 +105,18 @@ class AsyncSocket:
         self._raw_send = zmq.backend.Socket.send.__get__(sock)
         self._on_message = on_message
         self._backlog: collections.deque[Sequence[Any]] = collections.deque()
-        self._draining = False
-        self._more = False
+        self._reading = False  # a drain is running (dispatch may send, and sends drain)
         self.closed = False
-        # asyncio: the loop, once the reader runs, and whether a check is scheduled.
+        self.received = 0  # messages read
+        self.errors = 0  # messages whose handler raised
+        self.stalls = 0  # times watch() found input waiting with no wake-up coming
+        # asyncio: the loop, once the reader runs, and whether a drain is scheduled.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context: contextvars.Context | None = None
-        self._check_soon = False
+        self._soon = False
+        # trio: input left after a batch, and the reader's wait on the FD (to wake it).
+        self._more = False
+        self._waiting: anyio.CancelScope | None = None
 
     def send(self, frames: Sequence[Any]) -> None:
         """Queue ``frames`` as one message. Never blocks; never raises for a full queue."""
@@ -105,19 +124,23 @@ class AsyncSocket:
             return
         if self._backlog or not self._send_now(frames):
             self._backlog.append(frames)
+        # The send may have taken the FD's edge: look for input before the loop waits.
         if self._loop is not None:
-            if not self._check_soon:
-                self._check_soon = True
-                # In the reader's context: what it dispatches must not inherit a sender's.
-                self._loop.call_soon(self._check, context=self._context)
-        elif int(self.sock.get(_EVENTS)) & _POLLIN:
+            self._drain_soon()
+        else:
             self.drain()
 
-    def _check(self) -> None:
-        """Input that arrived while tasks sent (their sends may have taken the FD's edge);
-        :meth:`drain` reads ``zmq.EVENTS`` first, so this costs one read when there is none."""
-        self._check_soon = False
-        self._readable()
+    def _drain_soon(self) -> None:
+        """asyncio: drain once this loop iteration's callbacks have run (once however many
+        ask), in the reader's context: what it dispatches must not inherit a sender's."""
+        if not self._soon:
+            self._soon = True
+            assert self._loop is not None
+            self._loop.call_soon(self._drain_now, context=self._context)
+
+    def _drain_now(self) -> None:
+        self._soon = False
+        self.drain()
 
     def _send_now(self, frames: Sequence[Any]) -> bool:
         """Send one message without blocking; False if the queue is full (nothing sent).
@@ -147,40 +170,63 @@ class AsyncSocket:
         self._backlog = collections.deque(m for m in self._backlog if keep(m))
 
     def drain(self) -> None:
-        """Flush the backlog and hand every waiting message to ``on_message``."""
-        if self._draining or self.closed:
+        """Flush the backlog and hand every waiting message to ``on_message``.
+
+        Safe to call from anywhere, any number of times (a call made while a drain runs
+        does nothing: that drain goes on). It ends when ``zmq.EVENTS`` says no input is
+        left; if it stops after a batch instead, the rest is read soon (see the module's
+        docstring), whichever task or callback called it.
+        """
+        if self._reading or self.closed:
             return
-        self._draining = True
-        sock = self.sock
+        self._reading = True
         try:
-            handled = 0
-            recv = sock.recv
-            while handled < BATCH:
-                events = int(sock.get(_EVENTS))
-                if events & _POLLOUT and self._backlog:
-                    self._flush()
-                if not events & _POLLIN:
-                    self._more = False
-                    return
-                try:
-                    frame = recv(_NOBLOCK, copy=False)
-                except zmq.Again:
-                    self._more = False
-                    return
-                frames = [frame]
-                while frame.more:
-                    frame = recv(_NOBLOCK, copy=False)
-                    frames.append(frame)
-                handled += 1
-                self._on_message(frames)
-            self._more = True
+            left = self._read_batch()
         finally:
-            self._draining = False
+            self._reading = False
+        if left:
+            if self._loop is not None:
+                self._drain_soon()
+            else:
+                self._more = True
+                if self._waiting is not None:
+                    self._waiting.cancel()  # the reader waits for an edge already taken
+
+    def _read_batch(self) -> bool:
+        """Read up to :data:`BATCH` messages; True if input is left after them."""
+        sock = self.sock
+        recv = sock.recv
+        for _ in range(BATCH):
+            events = int(sock.get(_EVENTS))
+            if events & _POLLOUT and self._backlog:
+                self._flush()
+            if not events & _POLLIN:
+                return False
+            try:
+                frame = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+            frames = [frame]
+            while frame.more:
+                frame = recv(_NOBLOCK, copy=False)
+                frames.append(frame)
+            self.received += 1
+            try:
+                self._on_message(frames)
+            except Exception:
+                self.errors += 1
+                log.exception("a message's handler failed; the message is dropped")
+            if self.closed:  # a handler closed it
+                return False
+        return True
 
     def _flush(self) -> None:
         while self._backlog:
-            if not self._send_now(self._backlog[0]):
-                return
+            try:
+                if not self._send_now(self._backlog[0]):
+                    return
+            except zmq.ZMQError:
+                log.exception("a queued message could not be sent; it is dropped")
             self._backlog.popleft()
 
     async def run(self) -> None:
@@ -194,24 +240,46 @@ class AsyncSocket:
         if sniffio.current_async_library() == "asyncio":
             self._context = contextvars.copy_context()
             loop = self._loop = asyncio.get_running_loop()
-            loop.add_reader(fd, self._readable)
+            loop.add_reader(fd, self.drain)
             try:
-                self._readable()
+                self.drain()
                 await anyio.sleep_forever()
             finally:
                 loop.remove_reader(fd)
         while True:
+            self._more = False
             self.drain()
-            if self._more:
+            if self._more:  # a batch ended with input left: let other tasks run first
                 await anyio.lowlevel.checkpoint()
-            else:
+                continue
+            with anyio.CancelScope() as self._waiting:
                 await anyio.wait_readable(fd)
+            self._waiting = None
 
-    def _readable(self) -> None:
-        """The FD fired (asyncio): dispatch; past a batch, let other work run first."""
-        self.drain()
-        if self._more and self._loop is not None:
-            self._loop.call_soon(self._readable, context=self._context)
+    async def watch(self, on_stall: Callable[[], None] | None = None, every: float = 1.0) -> None:
+        """Each ``every`` seconds, look for input that waits with no wake-up coming (the
+        FD not readable, no drain scheduled, yet ``zmq.EVENTS`` reports input): log it
+        loudly, count it in :attr:`stalls` (and tell ``on_stall``), and read it. Runs
+        until cancelled."""
+        fd = int(self.sock.getsockopt(zmq.FD))
+        while True:
+            await anyio.sleep(every)
+            if self.closed:
+                return
+            if self._soon or self._more or self._reading:
+                continue  # a drain is on its way
+            if select.select([fd], [], [], 0)[0]:
+                continue  # a wake-up is pending: the reader will run
+            if int(self.sock.get(_EVENTS)) & _POLLIN:
+                self.stalls += 1
+                log.error(
+                    "input waited unread with nothing to wake the reader (a missed "
+                    "wake-up, %d so far): reading it now",
+                    self.stalls,
+                )
+                if on_stall is not None:
+                    on_stall()
+            self.drain()  # also flushes a backlog whose POLLOUT that read may have taken
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket; ``linger_ms`` lets already-queued messages go out first."""

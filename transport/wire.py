@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
+from bls.scope import LATEST_DEADLINE
 
 __all__ = [
     "PROTOCOL",
@@ -169,7 +170,7 @@ def invalid(header: Header) -> str:
     if not 0 <= header.call <= _MAX_ID or not 0 <= header.ack <= _MAX_ID:
         return "call id out of range"
     deadline = header.deadline
-    if not (math.isfinite(deadline) and 0.0 <= deadline < 1e11):  # before the year 5138
+    if not (math.isfinite(deadline) and 0.0 <= deadline < LATEST_DEADLINE):
         return f"deadline {deadline!r} is not a time"
     if not 0 <= header.count <= MAX_CREDIT:
         return f"credit {header.count} is outside 0..{MAX_CREDIT}"

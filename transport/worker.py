@@ -58,6 +58,7 @@ class WorkerStats(msgspec.Struct):
     rejected: int = 0
     dropped: int = 0
     too_large: int = 0
+    read_stalls: int = 0  # input found waiting with no wake-up coming (and then read)
 
 
 class _Client(msgspec.Struct):
@@ -139,6 +140,7 @@ class WorkerServer:
         self._calls: dict[tuple[bytes, int], _CallState] = {}
         self._drain = Inflight(self._calls)
         self._clients: dict[bytes, _Client] = {}
+        self._given_up: dict[bytes, None] = {}  # callers given up on lately (to log once)
         self._sock: AsyncSocket | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._ack_wanted: anyio.Event | None = None
@@ -195,6 +197,7 @@ class WorkerServer:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._sock.run)
+                tg.start_soon(self._sock.watch, self._stalled)
                 tg.start_soon(self._heartbeats)
                 tg.start_soon(self._acks)
                 task_status.started(bound)
@@ -216,6 +219,9 @@ class WorkerServer:
     @property
     def draining(self) -> bool:
         return self._drain.draining
+
+    def _stalled(self) -> None:
+        self.stats.read_stalls += 1
 
     # -- sending ----------------------------------------------------------------------
 
@@ -328,8 +334,10 @@ class WorkerServer:
 
     def _on_call(self, client: bytes, peer: _Client, header: Header, rest: Any) -> None:
         call_id = header.call
-        if call_id <= peer.seen and (client, call_id) in self._calls:
-            self.stats.dropped += 1  # a duplicate
+        if (client, call_id) in self._calls:
+            # A duplicate of a call still running (whatever this peer's record says:
+            # a caller given up on and heard from again starts a new one).
+            self.stats.dropped += 1
             return
         peer.seen = max(peer.seen, call_id)
         if self._ack_wanted is not None:
@@ -544,7 +552,13 @@ class WorkerServer:
     def _give_up(self, client: bytes, why: str) -> None:
         orphans = [s for s in self._calls.values() if s.client == client]
         if orphans:
-            log.warning("stage %r: %s: cancelling its %d call(s)", self.stage, why, len(orphans))
+            # Once per caller: what it sent before it went still arrives, and each reply
+            # to it fails again.
+            level = logging.DEBUG if client in self._given_up else logging.WARNING
+            log.log(level, "stage %r: %s: cancelling its %d call(s)", self.stage, why, len(orphans))
+            self._given_up[client] = None
+            if len(self._given_up) > 1024:
+                del self._given_up[next(iter(self._given_up))]
         for state in orphans:
             state.lost = why
             state.cancelled = True

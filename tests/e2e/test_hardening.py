@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -242,6 +243,108 @@ def test_fuzzed_frames_never_kill_the_worker_and_every_call_is_answered() -> Non
         assert proc.popen.poll() is None
         peer.call(next(calls), _payload("after the fuzz"))
         assert peer.answer(next(calls) - 1)[0] == Kind.END
+
+
+# -- a flood of mixed bad frames, then a new client --------------------------------------
+
+_ids = st.one_of(st.integers(1, 64), st.sampled_from([0, 2**63 - 1, 2**62]))
+
+
+@st.composite
+def _bad_frame(draw: st.DrawFn, instance: str) -> list[bytes]:
+    """One message of the kinds a hostile or broken peer sends, now and then a good call."""
+    call = _ids.flatmap(lambda i: st.just(Header(kind=Kind.CALL, call=i, to=instance)))
+    return draw(
+        st.one_of(
+            st.lists(st.binary(max_size=40), min_size=1, max_size=4),  # random frames
+            st.just([b""]),  # empty and single frames
+            st.binary(min_size=1, max_size=8).map(lambda b: [b]),
+            st.tuples(call, st.integers(1, 5)).map(  # truncated headers
+                lambda c: [wire.encode_header(c[0])[: c[1]], _payload(1)]
+            ),
+            st.just([msgspec.msgpack.encode(["x", "y", 3]), _payload(1)]),  # wrongly typed
+            st.tuples(st.sampled_from([0, 10, 99, -1, 2**40]), _ids).map(  # unknown kinds
+                lambda k: [wire.encode_header(Header(kind=k[0], call=k[1])), _payload(1)]
+            ),
+            st.tuples(call, st.binary(max_size=12)).map(  # calls with bad payloads
+                lambda c: [wire.encode_header(c[0]), c[1]]
+            ),
+            _ids.map(  # calls to another instance
+                lambda i: [wire.encode_header(Header(kind=Kind.CALL, call=i, to="x")), _payload(1)]
+            ),
+            st.tuples(st.sampled_from([Kind.CANCEL, Kind.CREDIT]), _ids, st.integers(0, 1024)).map(
+                lambda c: [wire.encode_header(Header(kind=c[0], call=c[1], count=c[2])), b""]
+            ),
+            st.binary(max_size=8).map(  # bad hellos
+                lambda b: [wire.encode_header(Header(kind=Kind.HELLO)), b]
+            ),
+            st.just([wire.encode_header(Header(kind=Kind.HEARTBEAT)), b""]),
+            call.map(lambda c: [wire.encode_header(c), _payload("ok")]),  # good calls
+        )
+    )
+
+
+def _still_serves(address: str) -> None:
+    """A brand-new client gets its hello and a call answered."""
+    with raw_peer(address) as fresh:
+        fresh.call(1, _payload("after"))
+        kind, rest = fresh.answer(1, timeout=10)
+        assert kind == Kind.END and msgspec.msgpack.decode(rest[0]) == {"value": "after"}
+
+
+# Frames in all, over the examples; a long run: BLS_FUZZ_EXAMPLES=100000.
+MIXED_FRAMES = max(6000, FUZZ_EXAMPLES)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_flood_of_mixed_bad_frames_leaves_the_worker_reading_for_new_clients(
+    backend: str,
+) -> None:
+    """A peer sends bursts of every kind of bad frame among good calls, reading replies
+    now and then, and goes away with calls in flight; after each burst a new client must
+    get its hello and a call answered (a worker once stopped reading for good)."""
+    with worker(f"{STAGES}:keep", "--backend", backend, "--traceback") as proc:
+        instance = RawPeer(proc.address)
+        instance.close()
+        sent = 0
+
+        @settings(
+            max_examples=max(MIXED_FRAMES // 250, 1),
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            phases=[Phase.generate],
+        )
+        @given(burst=st.lists(_bad_frame(instance.info.instance), min_size=400, max_size=600))
+        def example(burst: list[list[bytes]]) -> None:
+            nonlocal sent
+            peer = zmq.Context.instance().socket(zmq.DEALER)
+            peer.setsockopt(zmq.LINGER, 0)
+            peer.setsockopt(zmq.SNDTIMEO, 10_000)  # a worker that stopped reading: fail
+            peer.connect(proc.address)
+            try:
+                for i, frames in enumerate(burst, 1):
+                    peer.send_multipart(frames)
+                    if i % 50 == 0:
+                        while peer.poll(0):
+                            peer.recv_multipart()
+                peer.send_multipart([wire.encode_header(Header(kind=Kind.HEARTBEAT)), b""])
+                answered = peer.poll(10_000)
+                assert answered, (
+                    f"no answer to a heartbeat; the worker's log:\n{proc.log()[-3000:]}"
+                )
+            finally:
+                peer.close(linger=0)  # gone, with calls in flight
+            sent += len(burst)
+            assert proc.popen.poll() is None, "the worker died"
+            _still_serves(proc.address)
+
+        example()
+        print(f"{sent} mixed frames; the worker still reads and serves new clients")
+        assert sent >= MIXED_FRAMES * 0.9
+        proc.signal(signal.SIGTERM)
+        proc.wait()
+        assert proc.stats()["read_stalls"] == 0  # the watchdog never had to step in
 
 
 # -- callers that stall -----------------------------------------------------------------
