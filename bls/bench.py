@@ -299,8 +299,6 @@ def main(args: Any) -> int:
             args.requests = 100
         else:
             raise BenchError("give --requests or --duration, not both")
-    if args.concurrency < 1:
-        raise BenchError(f"--concurrency must be at least 1, got {args.concurrency}")
     if args.plot:
         try:
             import matplotlib  # noqa: F401

@@ -33,6 +33,7 @@ from .console import (
     claim_stdout,
     emit,
     read_input,
+    seconds,
     setup_logging,
 )
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
@@ -62,7 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="the request as JSON, or @FILE to read it from a file (default: stdin)",
     )
-    run.add_argument("--timeout", type=float, metavar="S", help="deadline for the request, seconds")
+    run.add_argument(
+        "--timeout",
+        type=seconds(zero_is_none=True),
+        metavar="S",
+        help="deadline for the request, seconds (default and 0: none)",
+    )
     run.add_argument(
         "--log-level",
         default="info",

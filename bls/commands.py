@@ -17,6 +17,9 @@ import anyio
 from . import console
 from .config import ConfigError
 
+MAX_INFLIGHT = 1_000_000  # calls or requests at once: more is a typo, not a plan
+MAX_FRAME_BYTES = 2**62  # what ZeroMQ's message size limit (a signed 64-bit) takes
+
 
 def _parse_options(specs: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs; VALUE is JSON when it parses as JSON, else a string."""
@@ -54,23 +57,24 @@ def _add_worker(sub: Any) -> None:
     p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
     p.add_argument(
         "--max-inflight-per-caller",
-        type=int,
+        type=console.count(1, MAX_INFLIGHT),
         metavar="N",
         help="calls one caller may have running at once (default: --max-inflight)",
     )
     p.add_argument(
         "--max-inflight",
-        type=int,
+        type=console.count(1, MAX_INFLIGHT),
         default=256,
         metavar="N",
-        help="calls served at once; more are refused as 'overloaded' (default 256)",
+        help="calls served at once, 1 to 1000000; more are refused as 'overloaded' (default 256)",
     )
     p.add_argument(
         "--grace",
-        type=float,
+        type=console.seconds(),
         default=10.0,
         metavar="S",
-        help="seconds in-flight calls get to finish on SIGTERM (default 10)",
+        help="seconds in-flight calls get to finish on SIGTERM; 0 cancels them at once "
+        "(default 10)",
     )
     p.add_argument(
         "--option",
@@ -89,7 +93,12 @@ def _add_worker(sub: Any) -> None:
         metavar="DIR",
         help="with --curve-secret: only accept callers whose public key is in DIR",
     )
-    p.add_argument("--max-frame-bytes", type=int, metavar="N", help="largest request accepted")
+    p.add_argument(
+        "--max-frame-bytes",
+        type=console.count(1, MAX_FRAME_BYTES),
+        metavar="N",
+        help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     console.add_common_args(p)
     console.add_binding_args(p)
@@ -112,8 +121,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     console.claim_stdout()
     console.setup_logging(args.log_level)
-    if args.max_inflight < 1 or (args.max_inflight_per_caller or 1) < 1:
-        raise ConfigError("--max-inflight and --max-inflight-per-caller must be at least 1")
     if args.curve_allow and not args.curve_secret:
         raise ConfigError("--curve-allow needs --curve-secret")
     if args.advertise and not args.discovery:
@@ -140,7 +147,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     # A script served as a stage calls stages of its own: bind them as its bls.toml says.
     script_file = binding.script_file if isinstance(obj, Script) else None
     config = load_config(script_file, args.config, args.bind)
-    if args.max_frame_bytes:
+    if args.max_frame_bytes is not None:
         config.transport.max_frame_bytes = args.max_frame_bytes
     console.apply_connect_timeout(config, args.connect_timeout)
     console.apply_discovery(config, args)
@@ -188,20 +195,21 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument(
         "--port",
-        type=int,
+        type=console.count(0, 65535),
         default=8000,
         help="port to listen on; 0 picks a free one (default 8000)",
     )
     p.add_argument(
         "--max-inflight",
-        type=int,
+        type=console.count(1, MAX_INFLIGHT),
         default=64,
         metavar="N",
-        help="requests handled at once; more are answered 429 with Retry-After (default 64)",
+        help="requests handled at once, 1 to 1000000; more are answered 429 with "
+        "Retry-After (default 64)",
     )
     p.add_argument(
         "--request-timeout",
-        type=float,
+        type=console.seconds(zero_is_none=True),
         default=300.0,
         metavar="S",
         help="deadline of every request, and the most an X-Request-Timeout header may ask "
@@ -209,28 +217,30 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument(
         "--body-timeout",
-        type=float,
+        type=console.seconds(zero_is_none=True),
         default=10.0,
         metavar="S",
-        help="seconds a request body may take to arrive; a slower one gets 408 (default 10)",
+        help="seconds a request body may take to arrive; a slower one gets 408 (default 10; "
+        "0 = no bound but the request's deadline)",
     )
     p.add_argument(
         "--grace",
-        type=float,
+        type=console.seconds(),
         default=30.0,
         metavar="S",
-        help="seconds in-flight requests get to finish on SIGTERM (default 30)",
+        help="seconds in-flight requests get to finish on SIGTERM; 0 cancels them at once "
+        "(default 30)",
     )
     p.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=console.count(1),
         default=16 * 1024 * 1024,
         metavar="N",
         help="largest request body accepted; larger ones get 413 (default 16 MiB)",
     )
     p.add_argument(
         "--trace-keep",
-        type=int,
+        type=console.count(0),
         default=100,
         metavar="N",
         help="recent requests whose stage timelines /debug/requests keeps (default 100)",
@@ -260,17 +270,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     console.setup_logging(args.log_level)
     if args.no_access_log:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
-    for flag, value, least in (
-        ("--max-inflight", args.max_inflight, 1),
-        ("--max-body-bytes", args.max_body_bytes, 1),
-        ("--trace-keep", args.trace_keep, 0),
-    ):
-        if value < least:
-            raise ConfigError(f"{flag} must be at least {least}")
-    if args.request_timeout < 0 or args.grace < 0:
-        raise ConfigError("--request-timeout and --grace must not be negative")
-    if not args.body_timeout > 0:
-        raise ConfigError("--body-timeout must be positive")
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
     app = App(args.script, config_file=args.config, binds=args.bind)
@@ -278,7 +277,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     console.apply_discovery(app.config, args)
     limits = Limits(
         max_inflight=args.max_inflight,
-        request_timeout=args.request_timeout or None,
+        request_timeout=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
         grace=args.grace,
@@ -342,13 +341,24 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--input", metavar="JSON|@FILE", help="the request body (default: read stdin)")
     p.add_argument(
-        "--concurrency", "-c", type=int, default=1, metavar="N", help="connections (default 1)"
+        "--concurrency",
+        "-c",
+        type=console.count(1, 10_000),
+        default=1,
+        metavar="N",
+        help="connections, 1 to 10000 (default 1)",
     )
     amount = p.add_mutually_exclusive_group()
     amount.add_argument(
-        "--requests", "-n", type=int, metavar="M", help="requests in all (default 100)"
+        "--requests",
+        "-n",
+        type=console.count(1),
+        metavar="M",
+        help="requests in all (default 100)",
     )
-    amount.add_argument("--duration", "-d", type=float, metavar="S", help="seconds to run")
+    amount.add_argument(
+        "--duration", "-d", type=console.seconds(positive=True), metavar="S", help="seconds to run"
+    )
     p.add_argument(
         "--stream",
         action="store_true",

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,8 +27,10 @@ __all__ = [
     "apply_connect_timeout",
     "apply_discovery",
     "claim_stdout",
+    "count",
     "emit",
     "read_input",
+    "seconds",
     "setup_logging",
 ]
 
@@ -94,20 +98,17 @@ def add_binding_args(p: argparse.ArgumentParser) -> None:
 def add_connect_timeout_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--connect-timeout",
-        type=float,
+        type=seconds(positive=True),
         metavar="S",
         help=f"how long to wait for each remote stage's first replica to answer; {what} "
         "(default: [transport] connect_timeout_s in bls.toml, 5)",
     )
 
 
-def apply_connect_timeout(config: object, seconds: float | None) -> None:
+def apply_connect_timeout(config: object, value: float | None) -> None:
     """``--connect-timeout`` over the configuration's ``[transport]`` setting."""
-    if seconds is None:
-        return
-    if not seconds > 0:
-        raise UsageError("--connect-timeout must be positive")
-    config.transport.connect_timeout_s = seconds  # type: ignore[attr-defined]
+    if value is not None:
+        config.transport.connect_timeout_s = value  # type: ignore[attr-defined]
 
 
 def add_discovery_args(p: argparse.ArgumentParser, *, worker: bool = False) -> None:
@@ -146,6 +147,46 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
     )
+
+
+# -- numbers on the command line: each flag's range is checked as it is parsed, so a
+# value out of range is refused at start-up (argparse's usage line, exit 2) naming the
+# flag, never found out at the first request.
+
+
+def seconds(*, zero_is_none: bool = False, positive: bool = False) -> Callable[[str], float | None]:
+    """A number of seconds: finite or ``inf``, never negative or NaN. ``zero_is_none``:
+    0 means no limit (None); ``positive``: 0 is refused."""
+
+    def parse(text: str) -> float | None:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isnan(value) or value < 0 or (positive and value == 0):
+            least = "more than 0" if positive else "0 or more"
+            raise argparse.ArgumentTypeError(f"expected {least} seconds, got {text!r}")
+        if zero_is_none and value == 0:
+            return None
+        return value
+
+    return parse
+
+
+def count(least: int, most: int | None = None) -> Callable[[str], int]:
+    """A whole number from ``least`` to ``most`` (no upper bound when None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least or (most is not None and value > most):
+            wanted = f"from {least} to {most}" if most is not None else f"{least} or more"
+            raise argparse.ArgumentTypeError(f"expected a whole number {wanted}, got {text!r}")
+        return value
+
+    return parse
 
 
 class UsageError(Exception):

@@ -278,8 +278,8 @@ class Frontend:
             # call; a disconnect and the end of a drain cancel it too.
             timeout = request_timeout(scope, self.limits.request_timeout)
             body_timeout = self.limits.body_timeout
-            if timeout is not None:
-                body_timeout = min(body_timeout, timeout)
+            if body_timeout is None or (timeout is not None and timeout < body_timeout):
+                body_timeout = timeout
             request.scope.expire_after(body_timeout)
             reading = True
             stop_watching = None

@@ -33,9 +33,9 @@ class Limits(msgspec.Struct, kw_only=True):
     """The frontend's bounds, from ``bls serve``'s flags."""
 
     max_inflight: int = 64  # accepted requests at once; more get 429
-    request_timeout: float | None = 300.0  # upper bound of any request's deadline
+    request_timeout: float | None = 300.0  # upper bound of any request's deadline; None: none
     max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413, unread
-    body_timeout: float = 10.0  # a body that takes longer to arrive gets 408
+    body_timeout: float | None = 10.0  # a body that takes longer gets 408; None: no bound
     grace: float = 30.0  # seconds in-flight requests get on SIGTERM
     trace_keep: int = 100  # finished request traces kept for /debug/requests
 
