@@ -10,6 +10,7 @@ from .bindings import Binding, load_module
 from .check import StageUse, find_stage_uses, names_stages_dynamically, typed_handles
 from .config import Config, ConfigError, check_names, load_config, make_bindings
 from .entry import Script, entries
+from .paths import missing
 from .runtime import Runtime
 
 __all__ = ["App"]
@@ -32,7 +33,7 @@ class App:
     ) -> None:
         path = Path(script)
         if not path.is_file():
-            raise ConfigError(f"script not found: {script}")
+            raise ConfigError(missing(script, what="script"))
         self.path = path
         self.module = load_module(str(path))
         self.entries: dict[str, Script] = entries(self.module)

@@ -10,7 +10,9 @@ One batch runs at a time per worker; requests that arrive meanwhile form the nex
 Cancellation: a caller cancelled while its request waits is taken out of the batch
 before it runs. A batch that has started runs to the end (shielded), so the other callers
 in it get their results; a cancelled caller's result is dropped. If the batch function
-raises, every caller in that batch gets the error.
+raises, every caller in that batch gets the error; to fail one request alone (an image
+that is not one), put the exception in the returned list in its place: that caller gets
+it raised, the others their results.
 
 The same worker batches inline and behind ``bls worker`` (the worker serves concurrent
 calls, which the batcher coalesces). A worker's ``Options`` may carry
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
+import types
 import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,6 +53,21 @@ def _item_type(tp: Any) -> Any:
         args = typing.get_args(tp)
         return args[0] if args else Any
     return Any
+
+
+def _result_type(tp: Any) -> Any:
+    """The result type of one call, from the batch function's ``list[T]``: ``T``, without
+    the exception types a batch may return in place of a result (``Embedding | Exception``
+    is ``Embedding``)."""
+    item = _item_type(tp)
+    if typing.get_origin(item) in (typing.Union, types.UnionType):
+        kept = [a for a in typing.get_args(item) if not _is_exception(a)]
+        return functools.reduce(operator.or_, kept) if kept else Any
+    return item
+
+
+def _is_exception(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseException)
 
 
 class Batcher:
@@ -126,7 +145,10 @@ class Batcher:
                         f"{len(slots)} requests"
                     )
                 for slot, value in zip(slots, results, strict=True):
-                    slot.value = value
+                    if isinstance(value, BaseException):
+                        slot.error = value
+                    else:
+                        slot.value = value
             except Exception as exc:
                 for slot in slots:
                     slot.error = exc
@@ -146,7 +168,7 @@ class _BatchedMethod:
         self.max_delay_ms = max_delay_ms
         sig = signature_of(fn, skip_self=True)
         self.__bls_signature__ = Signature(
-            request=_item_type(sig.request), response=_item_type(sig.response), streaming=False
+            request=_item_type(sig.request), response=_result_type(sig.response), streaming=False
         )
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
         self._name = fn.__name__
@@ -189,7 +211,7 @@ def batch(
             fn,
             max_batch_size,
             max_delay_ms,
-            Signature(_item_type(sig.request), _item_type(sig.response), False),
+            Signature(_item_type(sig.request), _result_type(sig.response), False),
         )
 
     return wrap

@@ -30,6 +30,9 @@ from .console import UsageError, emit, read_input
 __all__ = ["BenchError", "Result", "Sample", "run_bench"]
 
 
+PROBE = 20  # answers looked at before going on: all the same client error stops the run
+
+
 class BenchError(UsageError):
     """Bad ``bls bench`` input, or a server that cannot be benchmarked as asked."""
 
@@ -94,6 +97,7 @@ class _Conn:
         self.host, self.port, self.tls = host, port, tls
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.message = ""  # the last answer's error message
 
     async def open(self) -> None:
         context = ssl.create_default_context() if self.tls else None
@@ -140,14 +144,16 @@ class _Conn:
             self.close()
         if headers.get(b"connection") == b"close":
             self.close()
-        return status, _error_kind(status, bytes(body), stream), first
+        kind, self.message = _error(status, bytes(body), stream)
+        return status, kind, first
 
 
-def _error_kind(status: int, body: bytes, stream: bool) -> str:
-    """ "" for a successful answer; else the error's type from its JSON body or event."""
+def _error(status: int, body: bytes, stream: bool) -> tuple[str, str]:
+    """("", "") for a successful answer; else the error's type and message from its JSON
+    body or event."""
     if status == 200:
         if not stream:
-            return ""
+            return "", ""
         if b"event: error" in body:
             data = body.split(b"event: error\ndata: ", 1)[1].split(b"\n", 1)[0]
         elif b'"error"' in body and body.rstrip().endswith(b"}") and b"\n" in body.strip():
@@ -156,14 +162,14 @@ def _error_kind(status: int, body: bytes, stream: bool) -> str:
             data = body.split(b'data: {"error"', 1)[1].split(b"\n", 1)[0]
             data = b'{"error"' + data
         else:
-            return ""
+            return "", ""
     else:
         data = body
     try:
         error = json.loads(data)["error"]
-        return str(error.get("type") or error.get("code") or "error")
+        return str(error.get("type") or error.get("code") or "error"), str(error.get("message"))
     except (ValueError, KeyError, TypeError, AttributeError):
-        return "error"
+        return "error", data[:200].decode(errors="replace")
 
 
 # -- the run ----------------------------------------------------------------------------
@@ -202,12 +208,18 @@ async def run_bench(
     errors = 0
     began = time.perf_counter()
     until = began + duration if duration is not None else float("inf")
+    probe = PROBE if requests is None or requests > PROBE else 0  # a short run just ends
+    refused = ""  # why the first answers say the request is wrong, when they all do
 
     async def connection() -> None:
-        nonlocal sent, errors
+        nonlocal sent, errors, refused
         conn = _Conn(parts.hostname or "", port, tls)
         try:
-            while (requests is None or sent < requests) and time.perf_counter() < until:
+            while (
+                (requests is None or sent < requests)
+                and time.perf_counter() < until
+                and not refused
+            ):
                 sent += 1
                 t0 = time.perf_counter()
                 try:
@@ -222,12 +234,28 @@ async def run_bench(
                 errors += bool(kind)
                 if progress is not None:
                     progress(len(result.samples), errors)
+                if len(result.samples) == probe and _all_refused(result.samples[:probe]):
+                    refused = f"{status} {kind}: {conn.message}"
         finally:
             conn.close()
 
     await asyncio.gather(*(connection() for _ in range(concurrency)))
     result.elapsed = time.perf_counter() - began
+    if refused:
+        raise BenchError(
+            f"stopped: the first {probe} answers were all the same client error, "
+            f"{refused} (check the URL, --entry and --input)"
+        )
     return result
+
+
+def _all_refused(samples: list[Sample]) -> bool:
+    """Whether every answer is one and the same client error (4xx, same type): the
+    request is wrong, and sending it again measures nothing. 429 is load, not a mistake."""
+    first = samples[0]
+    if not 400 <= first.status < 500 or first.status == 429:
+        return False
+    return all((s.status, s.kind) == (first.status, first.kind) for s in samples)
 
 
 # -- presenting -------------------------------------------------------------------------

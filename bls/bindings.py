@@ -8,6 +8,7 @@ generator, :class:`bls.Worker` or script). The remote kind lives in ``bls.transp
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -24,6 +25,7 @@ import msgspec
 from .entry import Script
 from .errors import InvalidRequest, StageError
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
+from .paths import missing
 from .scope import NO_CONTEXT, CallContext
 from .worker import Worker
 
@@ -309,11 +311,14 @@ def _import_file(path: Path) -> Any:
 
 
 def load_module(spec: str, base: Path | None = None) -> Any:
-    """Import ``pkg.module`` or ``path/to/file.py`` (relative to ``base``)."""
+    """Import ``pkg.module`` or ``path/to/file.py`` (relative to ``base``, the folder of
+    the file that names it, or the current directory: see :mod:`bls.paths`)."""
     if spec.endswith(".py") or "/" in spec:
         path = Path(spec)
         if not path.is_absolute() and base is not None:
             path = base / path
+        if not path.is_file():
+            raise FileNotFoundError(missing(spec, path.resolve()))
         parent = str(path.resolve().parent)
         if parent not in sys.path:
             # Lets the file import its neighbours, as `python file.py` would.
@@ -335,5 +340,8 @@ def load_target(target: str, base: Path | None = None) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ValueError(f"{module_part} has no attribute {attr!r} (from {target!r})") from None
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{module_part} has no attribute {part!r}{hint}") from None
     return obj

@@ -28,6 +28,7 @@ from .console import (
     add_common_args,
     add_connect_timeout_arg,
     add_discovery_args,
+    add_verbose_arg,
     apply_connect_timeout,
     apply_discovery,
     claim_stdout,
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         help="bls's own messages on stderr, e.g. start-up progress (default info; "
         "libraries log warnings and up)",
     )
+    add_verbose_arg(run)
     add_common_args(run)
     add_binding_args(run)
     add_backend_arg(run)
@@ -106,7 +108,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .app import App
 
     claim_stdout()
-    setup_logging(args.log_level, libraries="warning")
+    setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
     app = App(args.script, config_file=args.config, binds=args.bind)
     apply_connect_timeout(app.config, args.connect_timeout)
     apply_discovery(app.config, args)

@@ -100,6 +100,7 @@ def _add_worker(sub: Any) -> None:
         help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    console.add_verbose_arg(p)
     console.add_common_args(p)
     console.add_binding_args(p)
     console.add_connect_timeout_arg(
@@ -120,7 +121,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from .runtime import Runtime
 
     console.claim_stdout()
-    console.setup_logging(args.log_level)
+    console.setup_logging(args.log_level, verbose=args.verbose)
     if args.curve_allow and not args.curve_secret:
         raise ConfigError("--curve-allow needs --curve-secret")
     if args.advertise and not args.discovery:
@@ -169,7 +170,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             register_at=args.discovery,
             advertise=args.advertise,
             namespace=config.transport.namespace,
-            on_ready=lambda addr: console.emit(f"ready {addr}"),
+            on_ready=lambda address, down: console.emit(console.ready_line(address, down)),
         ),
         backend=args.backend,
     )
@@ -251,8 +252,17 @@ def _add_serve(sub: Any) -> None:
         default="auto",
         help="HTTP server (default: uvicorn on asyncio, hypercorn on trio)",
     )
+    p.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another model name the chat route answers to (repeatable); a request naming "
+        "a model not served is answered 404, as vllm serve does",
+    )
     p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    console.add_verbose_arg(p)
     console.add_common_args(p)
     console.add_binding_args(p)
     console.add_connect_timeout_arg(p, "the server starts anyway (see above)")
@@ -267,7 +277,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve.server import serve
 
     console.claim_stdout()
-    console.setup_logging(args.log_level)
+    console.setup_logging(args.log_level, verbose=args.verbose)
     if args.no_access_log:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     if args.server == "uvicorn" and args.backend == "trio":
@@ -293,7 +303,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             args.port,
             limits,
             server=args.server,
-            on_ready=lambda url: console.emit(f"ready {url}"),
+            model_aliases=args.model_alias,
+            on_ready=lambda url, down: console.emit(console.ready_line(url, down)),
         ),
         backend=args.backend,
         backend_options=options,

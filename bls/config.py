@@ -18,6 +18,7 @@ import msgspec
 
 from .bindings import Binding, InlineBinding, load_target
 from .cache import CachedBinding, CacheOptions
+from .paths import missing
 from .transport.settings import TransportConfig
 
 __all__ = [
@@ -73,7 +74,7 @@ def _read(path: Path) -> Config:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(missing(path, what="config file")) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     stages = raw.pop("stages", {})

@@ -8,6 +8,7 @@ the results a user pipes into ``jq``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -15,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from .paths import missing
 
 __all__ = [
     "BACKENDS",
@@ -24,12 +27,14 @@ __all__ = [
     "add_common_args",
     "add_connect_timeout_arg",
     "add_discovery_args",
+    "add_verbose_arg",
     "apply_connect_timeout",
     "apply_discovery",
     "claim_stdout",
     "count",
     "emit",
     "read_input",
+    "ready_line",
     "seconds",
     "setup_logging",
 ]
@@ -61,8 +66,30 @@ def emit(line: bytes | str) -> None:
     out.flush()
 
 
-def setup_logging(level: str, *, libraries: str | None = None) -> None:
-    """Log to stderr: ``level`` for bls, ``libraries`` (default the same) for the rest."""
+def ready_line(address: str, unreachable: list[str]) -> str:
+    """The line ``bls serve`` and ``bls worker`` print once they take work: ``ready ADDR``,
+    and while some stage this process calls has no replica answering yet, which ones
+    (it started anyway; their calls fail fast with 'unavailable' until one answers)."""
+    if not unreachable:
+        return f"ready {address}"
+    return f"ready {address} (not reachable yet: {', '.join(unreachable)})"
+
+
+def add_verbose_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything libraries and engines print, their known-harmless warnings "
+        "included (also: BLS_VERBOSE=1)",
+    )
+
+
+def setup_logging(level: str, *, libraries: str | None = None, verbose: bool = False) -> None:
+    """Log to stderr: ``level`` for bls, ``libraries`` (default the same) for the rest.
+    ``verbose`` lets engines print everything (:mod:`bls.models.noise` reads it from the
+    environment, as the engines' own processes do)."""
+    if verbose:
+        os.environ["BLS_VERBOSE"] = "1"
     logging.basicConfig(
         level=getattr(logging, (libraries or level).upper()),
         stream=sys.stderr,
@@ -202,10 +229,26 @@ def read_input(spec: str | None) -> bytes:
     elif spec.startswith("@"):
         try:
             data = Path(spec[1:]).read_bytes()
+        except FileNotFoundError:
+            raise UsageError(missing(spec[1:], what="input file")) from None
         except OSError as exc:
             raise UsageError(f"cannot read input file {spec[1:]!r}: {exc.strerror}") from None
     else:
         data = spec.encode()
+        if _names_a_file(spec):
+            raise UsageError(
+                f"--input takes JSON or @FILE; {spec!r} is not JSON but names a file: "
+                f"did you mean --input @{spec}?"
+            )
     if not data.strip():
         raise UsageError("empty input: the request must be a JSON value")
     return data
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether ``text`` is not JSON but the name of a file (``--input request.json``)."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return Path(text).is_file()
+    return False

@@ -11,7 +11,14 @@ from typing import Any, overload
 import msgspec
 
 from .errors import InvalidRequest, StageError
-from .messages import Signature, beyond_limits, convert, signature_of, type_name
+from .messages import (
+    Signature,
+    beyond_limits,
+    convert,
+    field_hint,
+    signature_of,
+    type_name,
+)
 
 __all__ = ["Script", "entries", "script"]
 
@@ -73,7 +80,9 @@ class Script:
         try:
             req = msgspec.json.decode(data, type=self.signature.request)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise InvalidRequest.from_validation(self.name, exc) from None
+            err = InvalidRequest.from_validation(self.name, exc)
+            hint = field_hint(self.signature.request, data, err.message, err.path)
+            raise InvalidRequest(self.name, err.message + hint, err.path) from None
         except RecursionError:
             raise InvalidRequest(self.name, "the request is nested too deeply") from None
         problem = beyond_limits(req)

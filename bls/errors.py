@@ -8,8 +8,13 @@ carries the stage's name, so a script can ``except StageError`` and branch on
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = ["DeadlineExceeded", "InvalidRequest", "StageError", "StageNotBound"]
+
+# An object's default repr says where it lives in a process's memory, nothing a reader of
+# the message can use: it is cut from every error message.
+_REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 class StageError(Exception):
@@ -38,6 +43,7 @@ class StageError(Exception):
         message: str,
         remote_traceback: str | None = None,
     ) -> None:
+        message = _REPR.sub("", message)  # no <_io.BytesIO object at 0x7f...> in answers
         super().__init__(stage, kind, message, remote_traceback)
         self.stage = stage
         self.kind = kind
@@ -55,10 +61,14 @@ _PATH = re.compile(r" - at `(?P<path>[^`]*)`$")
 
 
 class InvalidRequest(StageError):
-    """A request did not validate against the type the stage (or entry) expects.
+    """A stage (or entry) refused its request.
 
     ``path`` is msgspec's field path into the request, such as ``"$.items[2].text"``,
-    or ``"$"`` when the whole value had the wrong shape.
+    or ``"$"`` when the whole value had the wrong shape. ``mismatch`` is True when bls
+    found that the request does not fit the type the stage declares (the caller built
+    it wrong), and False when the stage's own code refused what it was given (raise
+    ``bls.InvalidRequest("", "not an image", "$.image")`` in a worker): ``bls serve``
+    answers the first 502 (the script's fault), the second 422 (the client's input).
     """
 
     def __init__(
@@ -67,24 +77,29 @@ class InvalidRequest(StageError):
         message: str,
         path: str = "$",
         remote_traceback: str | None = None,
+        *,
+        mismatch: bool = False,
     ) -> None:
         StageError.__init__(self, stage, "invalid_request", message, remote_traceback)
         self.path = path
+        self.mismatch = mismatch
 
     def __str__(self) -> str:
         return f"invalid request for {self.stage!r} at {self.path}: {self.message}"
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, str, str | None]]:
-        return (type(self), (self.stage, self.message, self.path, self.remote_traceback))
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = (self.stage, self.message, self.path, self.remote_traceback)
+        return (type(self), args, {"mismatch": self.mismatch})
 
     @classmethod
     def from_validation(cls, stage: str, error: Exception) -> InvalidRequest:
-        """Build one from a ``msgspec.ValidationError``/``DecodeError``, keeping its path."""
+        """Build one from a ``msgspec.ValidationError``/``DecodeError``, keeping its path
+        (a ``mismatch``: the request does not fit the declared type)."""
         text = str(error)
         match = _PATH.search(text)
         if match is None:
-            return cls(stage, text, "$")
-        return cls(stage, text[: match.start()], match.group("path"))
+            return cls(stage, text, "$", mismatch=True)
+        return cls(stage, text[: match.start()], match.group("path"), mismatch=True)
 
 
 class StageNotBound(LookupError):

@@ -14,7 +14,9 @@ same Python types and values either way:
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import inspect
+import re
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -250,3 +252,77 @@ def shape_compatible(declared: dict[str, Any], actual: dict[str, Any]) -> bool:
     if not declared or not actual:
         return True
     return bool(shape(declared) == shape(actual))
+
+
+# -- what a validation error leaves out ---------------------------------------------------
+
+_FIELD_ERROR = re.compile(r"^Object (missing required|contains unknown) field `(?P<name>[^`]*)`")
+_STEP = re.compile(r"\.(?P<key>[A-Za-z_][\w]*)|\[(?P<index>\d+)\]")
+
+
+def field_hint(tp: Any, data: bytes | str, message: str, path: str) -> str:
+    """What msgspec's error about one field leaves out: the other half of a misspelling.
+
+    For "missing required field `messages`" the body's fields at ``path`` that ``tp`` does
+    not have (``message``, say); for "contains unknown field `message`", the required fields
+    missing beside it. "" when there is nothing to add (or the body cannot be read)."""
+    match = _FIELD_ERROR.match(message)
+    if match is None:
+        return ""
+    try:
+        raw = msgspec.json.decode(data)
+        for step in _STEP.finditer(path[1:]):
+            key, index = step.group("key"), step.group("index")
+            raw = raw[int(index)] if index is not None else raw[key]
+        struct = _struct_at(msgspec.inspect.type_info(tp), path)
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError, ValueError):
+        return ""
+    if struct is None or not isinstance(raw, dict):
+        return ""
+    names = {f.encode_name for f in struct.fields}
+    unknown = [k for k in raw if k not in names]
+    missing = [f.encode_name for f in struct.fields if f.required and f.encode_name not in raw]
+    if match.group(1) == "missing required":
+        wanted = match.group("name")
+        close = difflib.get_close_matches(wanted, unknown, n=1)
+        if close:
+            return f"; the body has `{close[0]}`, which is not a field: did you mean `{wanted}`?"
+        return f"; the body has {_listed(unknown)}, which are not fields" if unknown else ""
+    given = match.group("name")
+    close = difflib.get_close_matches(given, missing, n=1)
+    if close:
+        return f"; required field `{close[0]}` is missing: did you mean `{close[0]}`?"
+    return f"; required field(s) {_listed(missing)} missing too" if missing else ""
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def _struct_at(info: Any, path: str) -> Any:
+    """The struct type at ``path`` (``$.a[0].b``) inside a msgspec type description."""
+    for step in _STEP.finditer(path[1:]):
+        if step.group("key") is not None:
+            struct = _struct_in(info)
+            fields = struct.fields if struct is not None else ()
+            field = next((f for f in fields if f.encode_name == step.group("key")), None)
+            if field is None:
+                return None
+            info = field.type
+        else:
+            members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+            lists = (msgspec.inspect.ListType, msgspec.inspect.VarTupleType)
+            info = next((t.item_type for t in members if isinstance(t, lists)), None)
+            if info is None:
+                return None
+    return _struct_in(info)
+
+
+def _struct_in(info: Any) -> Any:
+    """A struct type, or the one struct type among a union's members."""
+    if isinstance(info, msgspec.inspect.StructType):
+        return info
+    if isinstance(info, msgspec.inspect.UnionType):
+        structs = [t for t in info.types if isinstance(t, msgspec.inspect.StructType)]
+        return structs[0] if len(structs) == 1 else None
+    return None

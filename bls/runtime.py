@@ -226,6 +226,10 @@ class Runtime:
     def bindings(self) -> Mapping[str, Binding]:
         return self._bindings
 
+    def unreachable(self) -> list[str]:
+        """The stages no replica of which can take a call now (what ``/ready`` names)."""
+        return [name for name, binding in self._bindings.items() if not binding.ready()]
+
     def binding(self, name: str) -> Binding:
         try:
             return self._bindings[name]

@@ -126,8 +126,11 @@ class VisionEncoder(bls.Worker):
 
             try:
                 image = Image.open(io.BytesIO(req.image)).convert("RGB")
-            except (UnidentifiedImageError, OSError) as exc:
-                raise bls.InvalidRequest("", f"not a readable image: {exc}", "$.image") from None
+            except UnidentifiedImageError:
+                why = f"not an image PIL can read ({len(req.image)} bytes; PNG, JPEG, WebP...)"
+                raise bls.InvalidRequest("", why, "$.image") from None
+            except OSError as exc:  # a known format, but broken (truncated, ...)
+                raise bls.InvalidRequest("", f"a broken image: {exc}", "$.image") from None
             data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
             pixels = data.view(image.height, image.width, 3).permute(2, 0, 1).float() / 255
             pixels = pixels.unsqueeze(0)
@@ -144,11 +147,23 @@ class VisionEncoder(bls.Worker):
             return self.model(batch)
 
     @bls.batch(max_batch_size=32, max_delay_ms=2.0)
-    async def __call__(self, reqs: list[EncodeRequest]) -> list[Embedding]:
+    async def __call__(self, reqs: list[EncodeRequest]) -> list[Embedding | Exception]:
         torch = _torch()
-        batch = torch.cat([self._pixels(r) for r in reqs])
-        out = await anyio.to_thread.run_sync(self._forward, batch)
-        return [Embedding(patches=p.clone(), pooled=p.mean(0)) for p in out]
+        pixels: list[Any] = []
+        refused: dict[int, Exception] = {}  # a bad image fails its own call, not the batch
+        for i, req in enumerate(reqs):
+            try:
+                pixels.append(self._pixels(req))
+            except bls.InvalidRequest as exc:
+                refused[i] = exc
+        out = iter(
+            await anyio.to_thread.run_sync(self._forward, torch.cat(pixels)) if pixels else ()
+        )
+        return [refused[i] if i in refused else _embedding(next(out)) for i in range(len(reqs))]
+
+
+def _embedding(patches: Any) -> Embedding:
+    return Embedding(patches=patches.clone(), pooled=patches.mean(0))
 
 
 def _pretrained_vision(path: str) -> Any:

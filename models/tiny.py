@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .noise import verbose
+
 __all__ = ["CONFIG", "build", "default_dir"]
 
 log = logging.getLogger("bls.models.tiny")
@@ -102,7 +104,16 @@ def build(path: str | Path | None = None, *, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.save_pretrained(tmp, safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled() and not verbose()
+    if bars:  # a progress bar for one small file
+        hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     (tmp / "bls-tiny.json").write_text(json.dumps({"version": _VERSION, "seed": seed}))
     try:
         tmp.rename(path)  # atomic: concurrent builders race, one wins

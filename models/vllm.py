@@ -30,6 +30,8 @@ import msgspec
 import bls
 from bls.serve.chat import conversation
 
+from .noise import quiet_engines, verbose
+
 __all__ = [
     "GenerateItem",
     "GenerateRequest",
@@ -115,20 +117,20 @@ class VllmOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def engine_environment() -> None:
-    """Environment for the engine, where nothing else says otherwise: vLLM's logs go
-    through Python logging (stderr, never stdout, where ``bls run`` writes results),
-    and what its CPU build needs."""
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    """Environment for the engine, where nothing else says otherwise: vLLM's logs go to
+    stderr (never stdout, where ``bls run`` writes results) without its known-harmless
+    warnings (:mod:`bls.models.noise`), and what its CPU build needs."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    private = Path("/tmp") / f"bls-vllm-{os.getuid()}"
+    private.mkdir(mode=0o700, exist_ok=True)
     # vLLM names its sockets BASE/<uuid> (BASE: the temp directory by default), and a Unix
-    # socket's path holds 107 bytes at most: under a long TMPDIR, use a short private one.
+    # socket's path holds 107 bytes at most: under a long TMPDIR, use the short private one.
     base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
     if len(base) > 60:
-        short = Path("/tmp") / f"bls-vllm-{os.getuid()}"
-        short.mkdir(mode=0o700, exist_ok=True)
-        os.environ["VLLM_RPC_BASE_PATH"] = str(short)
+        os.environ["VLLM_RPC_BASE_PATH"] = str(private)
+    quiet_engines(private)
 
 
 _ids = itertools.count(1)
@@ -169,7 +171,13 @@ class VllmWorker(bls.Worker):
             kwargs["max_model_len"] = opts.max_model_len
         if opts.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
-        log.info("starting the vLLM engine on %s (this takes a while)", model)
+        if not verbose():
+            kwargs.setdefault("use_tqdm_on_load", False)  # progress bars for a few files
+        log.info(
+            "loading the vLLM engine for %s: usually 20 to 60 s on a CPU, less on a GPU "
+            "(--verbose shows what the engine says meanwhile)",
+            model,
+        )
         started = time.monotonic()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.tokenizer = self.engine.get_tokenizer()

@@ -127,3 +127,24 @@ async def test_options_override_the_decorator() -> None:
             for i in range(6):
                 tg.start_soon(stage, "double", Item(x=i))
     assert worker.sizes == [2, 2, 2]
+
+
+async def test_an_exception_in_place_of_a_result_fails_that_caller_only() -> None:
+    @bls.batch(max_batch_size=3, max_delay_ms=50)
+    async def halve(reqs: list[int]) -> list[int | ValueError]:
+        return [r // 2 if r % 2 == 0 else ValueError(f"{r} is odd") for r in reqs]
+
+    assert halve.__bls_signature__.response is int  # the exception is no result type
+    got: dict[int, object] = {}
+
+    async def one(r: int) -> None:
+        try:
+            got[r] = await halve(r)
+        except ValueError as exc:
+            got[r] = str(exc)
+
+    async with anyio.create_task_group() as tg:
+        for r in (2, 3, 4):
+            tg.start_soon(one, r)
+    assert halve.batches == 1
+    assert got == {2: 1, 3: "3 is odd", 4: 2}

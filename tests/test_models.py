@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import warnings
 
 import anyio
 import pytest
@@ -89,6 +91,29 @@ async def test_a_bad_image_names_the_stage_and_field() -> None:
     assert (shape.value.stage, shape.value.path) == ("encoder", "$.pixels")
 
 
+async def test_a_bad_image_in_a_batch_fails_its_own_call_only() -> None:
+    encoder = VisionEncoder(VisionOptions(max_batch_size=4, max_delay_ms=50))
+    images = [png((0, 0, 200)), b"GIF89a broken", png((0, 200, 0)), b"\x89PNG\r\n\x1a\n..."]
+    out: dict[int, object] = {}
+    async with bls.Runtime({"encoder": encoder}):
+
+        async def one(i: int) -> None:
+            try:
+                out[i] = await stage("encoder", EncodeRequest(image=images[i]))
+            except bls.InvalidRequest as exc:
+                out[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+    assert encoder.forward_passes == 1  # one batch, the good images only
+    assert isinstance(out[0], Embedding) and isinstance(out[2], Embedding)
+    for bad in (out[1], out[3]):
+        assert isinstance(bad, bls.InvalidRequest) and bad.path == "$.image"
+        assert not bad.mismatch and " at 0x" not in bad.message
+    assert "not an image" in out[1].message  # type: ignore[union-attr]
+
+
 async def test_classifier_ranks_labels() -> None:
     async with bls.Runtime({"encoder": VisionEncoder, "classifier": Classifier}):
         emb = await stage("encoder", EncodeRequest(image=png((0, 200, 0))))
@@ -157,3 +182,33 @@ async def test_vision_encoder_loads_real_weights_from_a_local_directory(tmp_path
         emb = await stage("encoder", EncodeRequest(image=png((90, 90, 200))))
     assert tuple(emb.patches.shape) == (17, 64)  # the CLS token and 4x4 patches
     assert tuple(emb.pooled.shape) == (64,)
+
+
+def test_known_harmless_engine_warnings_are_dropped_unless_verbose(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from bls.models.noise import Harmless, quiet_engines
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what it sets stays in this test
+    for name in ("BLS_VERBOSE", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING"):
+        os.environ.pop(name, None)
+    handler = logging.StreamHandler()
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    with warnings.catch_warnings():
+        quiet_engines(tmp_path)
+    record = logging.LogRecord("vllm.config", logging.WARNING, "", 0, "Enforce eager set", (), None)
+    other = logging.LogRecord("vllm.config", logging.WARNING, "", 0, "out of memory", (), None)
+    assert not handler.filter(record) and handler.filter(other)
+    config = json.loads((tmp_path / "vllm-logging.json").read_text())
+    assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == str(tmp_path / "vllm-logging.json")
+    assert config["filters"]["harmless"]["()"] == "bls.models.noise.Harmless"
+    assert Harmless().filter(other)
+
+    os.environ["BLS_VERBOSE"] = "1"  # --verbose: nothing is dropped
+    del os.environ["VLLM_LOGGING_CONFIG_PATH"]
+    verbose = logging.StreamHandler()
+    monkeypatch.setattr(logging.getLogger(), "handlers", [verbose])
+    quiet_engines(tmp_path)
+    assert verbose.filter(record) and "VLLM_LOGGING_CONFIG_PATH" not in os.environ

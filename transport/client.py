@@ -616,7 +616,8 @@ class RemoteBinding(Binding):
         try:
             body = self._codec.encode(req)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            raise InvalidRequest(self.name, f"cannot send the request: {exc}") from None
+            why = f"cannot send the request: {exc}"
+            raise InvalidRequest(self.name, why, mismatch=True) from None
         size = wire.frame_sizes(body)
         if size > self.settings.max_frame_bytes:
             raise StageError(

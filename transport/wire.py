@@ -112,6 +112,7 @@ class ErrorInfo(msgspec.Struct, frozen=True):
     message: str
     traceback: str | None = None
     path: str | None = None
+    mismatch: bool = False  # invalid_request: the request did not fit the declared type
 
 
 # -- errors: the one map between exceptions and error frames, both ways ---------------
@@ -125,6 +126,7 @@ def error_info(err: StageError) -> ErrorInfo:
         message=err.message,
         traceback=err.remote_traceback,
         path=err.path if isinstance(err, InvalidRequest) else None,
+        mismatch=isinstance(err, InvalidRequest) and err.mismatch,
     )
 
 
@@ -137,7 +139,8 @@ def error_from(info: ErrorInfo, stage: str, served: str) -> Exception:
     """
     name = stage if info.stage == served else info.stage
     if info.kind == "invalid_request":
-        return InvalidRequest(name, info.message, info.path or "$", info.traceback)
+        path = info.path or "$"
+        return InvalidRequest(name, info.message, path, info.traceback, mismatch=info.mismatch)
     if info.kind == "deadline":
         return DeadlineExceeded(f"stage {stage!r}: the deadline passed in the worker")
     return StageError(name, info.kind, info.message, info.traceback)

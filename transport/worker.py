@@ -572,8 +572,8 @@ def _undecodable(stage: str, exc: Exception) -> InvalidRequest:
     if isinstance(exc, (msgspec.ValidationError, msgspec.DecodeError)):
         return InvalidRequest.from_validation(stage, exc)
     if isinstance(exc, RecursionError):
-        return InvalidRequest(stage, "the request is nested too deeply")
-    return InvalidRequest(stage, f"the request cannot be decoded: {exc}")
+        return InvalidRequest(stage, "the request is nested too deeply", mismatch=True)
+    return InvalidRequest(stage, f"the request cannot be decoded: {exc}", mismatch=True)
 
 
 def _close(state: _CallState, span: Span | None, outcome: str, kind: str = "") -> None:
@@ -597,9 +597,11 @@ async def run_worker(
     register_at: str | None = None,
     advertise: str | None = None,
     namespace: str = "bls",
-    on_ready: Callable[[str], None] = lambda addr: print(f"ready {addr}", flush=True),
+    on_ready: Callable[[str, list[str]], None] = lambda addr, _: print(f"ready {addr}", flush=True),
 ) -> int:
-    """``bls worker``: set up, serve until SIGTERM/SIGINT, drain for ``grace`` s, exit."""
+    """``bls worker``: set up, serve until SIGTERM/SIGINT, drain for ``grace`` s, exit.
+    ``on_ready(address, unreachable)`` is told the address and the stages (of a script
+    served as a stage) not reachable yet."""
     from .keys import server_curve
 
     authenticator = None
@@ -670,7 +672,7 @@ async def run_worker(
                     grace=grace,
                     what=f"stage {stage!r}",
                     noun="call(s)",
-                    on_ready=on_ready,
+                    on_ready=lambda address: on_ready(address, runtime.unreachable()),
                     stop=stop,
                     before_drain=leave,
                 )

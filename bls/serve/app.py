@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -86,6 +86,7 @@ class Frontend:
         title: str = "bls",
         limits: Limits | None = None,
         export: Callable[[Trace], None] | None = None,
+        model_aliases: Sequence[str] = (),
     ) -> None:
         self.entries = entries
         self.runtime = runtime
@@ -99,6 +100,11 @@ class Frontend:
         self._requests: set[Request] = set()
         self._drain = Inflight(self._requests)
         self.chat_entry = next((e for e in entries.values() if e.openai == "chat"), None)
+        # The model names the chat route answers to (GET /v1/models lists them).
+        self.models: list[str] = []
+        if self.chat_entry is not None:
+            served = self.chat_entry.model or self.chat_entry.name
+            self.models = list(dict.fromkeys([served, *model_aliases]))
         self._openapi: bytes | None = None
         self._asyncio: bool | None = None  # the event loop, known at the first request
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
@@ -133,7 +139,6 @@ class Frontend:
         if path.startswith("/debug/requests/") and method == "GET":
             await self._debug_page(scope, send, path[len("/debug/requests/") :])
             return
-        rid = request_id(scope)
         if any(p == path for _, p in self._routes) or path.startswith("/v1/scripts/"):
             allowed = ", ".join(m for m, p in self._routes if p == path) or "POST"
             error = HttpError(
@@ -144,7 +149,7 @@ class Frontend:
             )
         else:
             error = HttpError(404, "not_found", f"no route {method} {path}")
-        await send_error(send, error, rid)
+        await _refuse(scope, send, error)
 
     # -- small routes -----------------------------------------------------------------
 
@@ -190,8 +195,7 @@ class Frontend:
         await respond(send, 200, _encode({"scripts": listing}), request_id(scope))
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        names = [e.model or e.name for e in self.entries.values() if e.openai == "chat"]
-        await respond(send, 200, chat.models(names), request_id(scope))
+        await respond(send, 200, chat.models(self.models), request_id(scope))
 
     async def _openapi_json(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._openapi is None:
@@ -230,7 +234,7 @@ class Frontend:
                 "not_found",
                 f"no entry {name!r} (entries: {', '.join(self.entries)})",
             )
-            await send_error(send, error, request_id(scope))
+            await _refuse(scope, send, error)
             return
         await self._accept(scope, receive, send, entry, self._run_entry)
 
@@ -442,9 +446,17 @@ class Frontend:
     ) -> None:
         problem = chat.unsupported(req)
         if problem is not None:
-            raise HttpError(400, "unsupported", problem[0], stage=entry.name, path=problem[1])
+            raise HttpError(400, "unsupported", problem[0], path=problem[1])
+        model = getattr(req, "model", "") or self.models[0]
+        if model not in self.models:
+            raise HttpError(
+                404,
+                "NotFoundError",  # as vllm serve answers, and the openai client expects
+                f"The model `{model}` does not exist. Valid aliases: {', '.join(self.models)}.",
+                path="$.model",
+                param="model",
+            )
         cid = chat.completion_id()
-        model = getattr(req, "model", "") or entry.model or entry.name
         tally = chat.Tally()
         if not getattr(req, "stream", False):
             if entry.streaming:
@@ -495,6 +507,13 @@ class Frontend:
     @property
     def draining(self) -> bool:
         return self._drain.draining
+
+
+async def _refuse(scope: Scope, send: Send, error: HttpError) -> None:
+    """Answer a request no route takes (404, 405), with its line in the access log."""
+    rid = request_id(scope)
+    await send_error(send, error, rid)
+    access.info("%s %s %s %d", rid.decode(), scope["method"], scope["path"], error.status)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -24,7 +24,14 @@ _encode = msgspec.json.encode
 
 
 class HttpError(Exception):
-    """An error answered with ``status`` and the JSON error body."""
+    """An error answered with ``status`` and the JSON error body::
+
+        {"error": {"type", "message", "stage", "path", "code", ["entry"], ["kind"], ["param"]}}
+
+    ``stage`` names the stage that failed (null when none did), ``entry`` the script entry
+    the request was for, ``path`` the field at fault, ``code`` the status; ``param`` is
+    OpenAI's name for the field, on the chat route.
+    """
 
     def __init__(
         self,
@@ -35,6 +42,8 @@ class HttpError(Exception):
         stage: str | None = None,
         path: str | None = None,
         kind: str | None = None,
+        entry: str | None = None,
+        param: str | None = None,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         super().__init__(message)
@@ -44,6 +53,8 @@ class HttpError(Exception):
         self.stage = stage
         self.path = path
         self.kind = kind
+        self.entry = entry
+        self.param = param
         self.headers = headers or []
 
     def body(self) -> bytes:
@@ -52,22 +63,39 @@ class HttpError(Exception):
             "message": self.message,
             "stage": self.stage,
             "path": self.path,
+            "code": self.status,
         }
+        if self.entry is not None:
+            error["entry"] = self.entry
         if self.kind is not None:
             error["kind"] = self.kind
+        if self.param is not None:
+            error["param"] = self.param
         return _encode({"error": error})
 
 
 def error_for(exc: BaseException, entry: str = "") -> HttpError:
-    """The HTTP answer for an exception a request to ``entry`` ended with.
+    """The HTTP answer for an exception a request to ``entry`` ended with (the body
+    names ``entry``).
 
     An :class:`InvalidRequest` the script raises about its own request (naming the entry
-    as its stage) is the client's error: 422 with the field. One a stage raised is the
-    script's (it built that request): 502.
+    as its stage) is the client's error: 422 with the field. So is one a stage's own
+    code raised about the content it was given (an image that is not one): 422 naming
+    the stage and its field. One about a request that does not fit the stage's declared
+    type is the script's (it built that request): 502.
     """
+    error = _error_for(exc, entry)
+    if entry and error.entry is None:
+        error.entry = entry
+    return error
+
+
+def _error_for(exc: BaseException, entry: str) -> HttpError:
     if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return error_for(exc.exceptions[0], entry)
+        return _error_for(exc.exceptions[0], entry)
     if isinstance(exc, InvalidRequest) and entry and exc.stage == entry:
+        return HttpError(422, "invalid_request", exc.message, path=exc.path)
+    if isinstance(exc, InvalidRequest) and not exc.mismatch:
         return HttpError(422, "invalid_request", exc.message, stage=exc.stage, path=exc.path)
     if isinstance(exc, HttpError):
         return exc

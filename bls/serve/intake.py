@@ -41,7 +41,8 @@ class Limits(msgspec.Struct, kw_only=True):
 
 
 def invalid(exc: InvalidRequest) -> HttpError:
-    return HttpError(422, "invalid_request", exc.message, stage=exc.stage, path=exc.path)
+    """422 for a body that does not decode as the entry's request (no stage failed)."""
+    return HttpError(422, "invalid_request", exc.message, path=exc.path)
 
 
 class Request:

@@ -14,7 +14,7 @@ import contextlib
 import gc
 import logging
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -136,9 +136,11 @@ async def serve(
     limits: Limits,
     *,
     server: str = "auto",
-    on_ready: Callable[[str], None] = lambda url: print(f"ready {url}", flush=True),
+    model_aliases: Sequence[str] = (),
+    on_ready: Callable[[str, list[str]], None] = lambda url, _: print(f"ready {url}", flush=True),
 ) -> int:
-    """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0)."""
+    """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0).
+    ``on_ready(url, unreachable)`` is told the URL and the stages not reachable yet."""
     import sniffio
 
     backend = sniffio.current_async_library()
@@ -151,7 +153,14 @@ async def serve(
 
     export = from_environment()
     async with app.runtime(start_unreachable=True) as runtime:
-        frontend = Frontend(app.entries, runtime, title=app.path.name, limits=limits, export=export)
+        frontend = Frontend(
+            app.entries,
+            runtime,
+            title=app.path.name,
+            limits=limits,
+            export=export,
+            model_aliases=model_aliases,
+        )
         sock = _listen(host, port)
         stop = anyio.Event()
 
@@ -170,7 +179,7 @@ async def serve(
                 server,
                 backend,
             )
-            on_ready(_url(sock))
+            on_ready(_url(sock), runtime.unreachable())
 
         async def stopped(_: anyio.abc.TaskGroup) -> None:
             stop.set()  # the server finishes its connections and returns

@@ -1,6 +1,6 @@
 """describe: encode an image, classify it, and caption it with an LLM, streaming.
 
-    bls run examples/describe/describe.py --input @request.json
+    bls run examples/describe/describe.py --input @examples/describe/request.json
     bls serve examples/describe/describe.py
 
 The image (base64 in JSON) goes through a ViT-style encoder; the pooled embedding goes to
@@ -49,5 +49,11 @@ async def describe(req: Describe) -> AsyncIterator[Part]:
     labels = await classifier(emb)
     yield Part(label=labels.names[0], score=labels.scores[0])
     prompt = embeds_prompt(emb, hidden=HIDDEN, max_tokens=req.max_tokens, seed=req.seed)
+    tokens: list[int] = []  # the tokens of a character not yet whole
     async for item in generator(prompt):
-        yield Part(text=item.text, token_ids=item.token_ids)
+        tokens += item.token_ids
+        if item.text:  # an engine step may end mid-character: its tokens go with the next
+            yield Part(text=item.text, token_ids=tokens)
+            tokens = []
+    if tokens:  # tokens that never made a whole character
+        yield Part(token_ids=tokens)

@@ -80,7 +80,8 @@ class Ensemble:
             try:
                 async for item in items:
                     caption.append(item.text)
-                    await send_chunk(Chunk(text=item.text))
+                    if item.text:
+                        await send_chunk(Chunk(text=item.text))
             finally:
                 with anyio.CancelScope(shield=True):
                     await items.aclose()  # type: ignore[attr-defined]

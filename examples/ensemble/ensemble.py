@@ -52,6 +52,7 @@ async def ensemble(req: Picture) -> AsyncIterator[Chunk]:
     async with bls.beside(classifier(emb)) as labels:
         async for item in generator(prompt):
             caption.append(item.text)
-            yield Chunk(text=item.text)
+            if item.text:  # an engine step may end mid-character: no text yet
+                yield Chunk(text=item.text)
     top = await labels
     yield Chunk(label=top.names[0], score=top.scores[0], caption="".join(caption))

@@ -65,4 +65,5 @@ async def epd(req: Images) -> AsyncIterator[Piece]:
         seed=req.seed,
     )
     async for item in generator(prompt):
-        yield Piece(text=item.text)
+        if item.text:  # an engine step may end mid-character: no text yet
+            yield Piece(text=item.text)

@@ -1,8 +1,8 @@
 """interfaces: a frontend composed from interchangeable routers and workers (seed 002).
 
-    cd examples/interfaces
-    bls run interfaces.py --input @request.json
-    bls run interfaces.py --input @request.json --config slow-mixed.toml
+    bls run examples/interfaces/interfaces.py --input @examples/interfaces/request.json
+    bls run examples/interfaces/interfaces.py --input @examples/interfaces/request.json \
+        --config examples/interfaces/slow-mixed.toml
 
 The script depends on the router *interface* (contracts.py); each router depends on the
 worker interface. Which router and which worker serve a request is configuration alone:

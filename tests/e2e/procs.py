@@ -19,10 +19,11 @@ class Proc:
     """A running ``bls`` process; ``address`` is what it printed after ``ready``."""
 
     def __init__(
-        self, popen: subprocess.Popen[str], address: str, lines: list[str], out: list[str]
+        self, popen: subprocess.Popen[str], ready_line: str, lines: list[str], out: list[str]
     ) -> None:
         self.popen = popen
-        self.address = address
+        self.ready_line = ready_line  # "ready ADDR [(not reachable yet: ...)]"
+        self.address = ready_line.split()[1]
         self.lines = lines  # stderr lines, collected as they come
         self.out = out  # stdout lines after the ready line
 
@@ -80,7 +81,7 @@ def start(
         assert popen.stdout is not None
         for line in popen.stdout:
             if line.startswith("ready ") and not got.is_set():
-                ready.append(line.split(None, 1)[1].strip())
+                ready.append(line.rstrip("\n"))
                 got.set()
             else:
                 out.append(line)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bls.models.noise import HARMLESS
+
 from .cli import bls_env, require_vllm, run_bls
 from .procs import Proc
 
@@ -36,6 +38,13 @@ def test_describe_runs_the_same_inline_and_remote(
     assert sum(len(p["token_ids"]) for p in got[1:]) == 12  # type: ignore[arg-type]
     assert "building the tiny test model" in inline.stderr  # progress, on stderr
     assert "force killing" not in inline.stderr
+    # What a new user sees while it starts: one line on what loads and how long it takes,
+    # none of the engine's known-harmless warnings, no progress bars, and no item that
+    # carries nothing (a step that ends mid-character has no text: its tokens go on).
+    assert "loading the vLLM engine for" in inline.stderr and "usually" in inline.stderr
+    assert not HARMLESS.search(inline.stderr), inline.stderr[-3000:]
+    assert "FutureWarning" not in inline.stderr and "it/s]" not in inline.stderr
+    assert all(p["text"] for p in got[1:-1]), got
 
     # The same with every stage in a `bls worker` (the session's: they built the model
     # in their own cache, from the same seed).

@@ -247,13 +247,13 @@ def test_fuzzed_frames_never_kill_the_worker_and_every_call_is_answered() -> Non
 
 # -- a flood of mixed bad frames, then a new client --------------------------------------
 
-_ids = st.one_of(st.integers(1, 64), st.sampled_from([0, 2**63 - 1, 2**62]))
+_call_ids = st.one_of(st.integers(1, 64), st.sampled_from([0, 2**63 - 1, 2**62]))
 
 
 @st.composite
 def _bad_frame(draw: st.DrawFn, instance: str) -> list[bytes]:
     """One message of the kinds a hostile or broken peer sends, now and then a good call."""
-    call = _ids.flatmap(lambda i: st.just(Header(kind=Kind.CALL, call=i, to=instance)))
+    call = _call_ids.map(lambda i: Header(kind=Kind.CALL, call=i, to=instance))
     return draw(
         st.one_of(
             st.lists(st.binary(max_size=40), min_size=1, max_size=4),  # random frames
@@ -263,18 +263,18 @@ def _bad_frame(draw: st.DrawFn, instance: str) -> list[bytes]:
                 lambda c: [wire.encode_header(c[0])[: c[1]], _payload(1)]
             ),
             st.just([msgspec.msgpack.encode(["x", "y", 3]), _payload(1)]),  # wrongly typed
-            st.tuples(st.sampled_from([0, 10, 99, -1, 2**40]), _ids).map(  # unknown kinds
+            st.tuples(st.sampled_from([0, 10, 99, -1, 2**40]), _call_ids).map(  # unknown kinds
                 lambda k: [wire.encode_header(Header(kind=k[0], call=k[1])), _payload(1)]
             ),
             st.tuples(call, st.binary(max_size=12)).map(  # calls with bad payloads
                 lambda c: [wire.encode_header(c[0]), c[1]]
             ),
-            _ids.map(  # calls to another instance
+            _call_ids.map(  # calls to another instance
                 lambda i: [wire.encode_header(Header(kind=Kind.CALL, call=i, to="x")), _payload(1)]
             ),
-            st.tuples(st.sampled_from([Kind.CANCEL, Kind.CREDIT]), _ids, st.integers(0, 1024)).map(
-                lambda c: [wire.encode_header(Header(kind=c[0], call=c[1], count=c[2])), b""]
-            ),
+            st.tuples(
+                st.sampled_from([Kind.CANCEL, Kind.CREDIT]), _call_ids, st.integers(0, 1024)
+            ).map(lambda c: [wire.encode_header(Header(kind=c[0], call=c[1], count=c[2])), b""]),
             st.binary(max_size=8).map(  # bad hellos
                 lambda b: [wire.encode_header(Header(kind=Kind.HELLO)), b]
             ),
@@ -296,6 +296,7 @@ def _still_serves(address: str) -> None:
 MIXED_FRAMES = max(6000, FUZZ_EXAMPLES)
 
 
+@pytest.mark.timeout(max(300, MIXED_FRAMES // 50))  # a long run takes its time
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_flood_of_mixed_bad_frames_leaves_the_worker_reading_for_new_clients(
     backend: str,

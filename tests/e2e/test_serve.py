@@ -150,7 +150,7 @@ def test_bad_input_gets_a_clear_error_with_the_field_path(
     assert "Traceback" not in r.text
     if status == 422:
         assert error["type"] == "invalid_request"
-        assert error["stage"] == entry
+        assert error["entry"] == entry and error["stage"] is None
 
 
 def test_missing_field_is_named(http: httpx.Client) -> None:
@@ -206,6 +206,8 @@ def test_stage_error_is_502_naming_the_stage(http: httpx.Client) -> None:
         "stage": "boom",
         "path": None,
         "kind": "ValueError",
+        "code": 502,
+        "entry": "fail",
     }
 
 

@@ -99,7 +99,7 @@ async def fanout(req: Ask) -> Reply:
     return Reply(text=f"{first.pid} {second.pid}", pid=winner.pid)
 
 
-@bls.script(openai="chat")
+@bls.script(openai="chat", model="tiny")
 async def chat(req: bls.ChatRequest) -> AsyncIterator[str]:
     """Echo the last message back, word by word, in capitals."""
     who = await whoami(Job())
