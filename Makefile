@@ -32,10 +32,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/inline.py
-	$(BIN)/python bench/transport.py
+	$(BIN)/python bench/remote_calls.py
 	$(BIN)/python bench/frontend.py
-	$(BIN)/python bench/models.py
-	$(BIN)/python bench/openai.py
+	$(BIN)/python bench/model_stages.py
+	$(BIN)/python bench/chat_endpoint.py
 	$(BIN)/python bench/ensemble.py
 	$(BIN)/python bench/epd.py
 	$(BIN)/python bench/scale.py

@@ -12,12 +12,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .batching import batch
 from .cache import CacheReport, cache_report
+from .conversation import ChatMessage, ChatRequest
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import beside, collect, gather, map, race
 from .messages import Message
 from .runtime import BindingError, Runtime
-from .serve.chat import ChatMessage, ChatRequest
 from .stages import Stage, StreamStage, stage
 from .timeouts import timeout
 from .worker import Worker

@@ -1,9 +1,11 @@
 """Bindings: what a stage name is attached to.
 
 A :class:`Binding` is the one interface between the runtime and whatever does the work.
-This module holds the interface and the inline kind (an in-process function, async
-generator, :class:`bls.Worker` or script). The remote kind lives in ``bls.transport``;
-:func:`bls.config.binding_for` chooses between them, so this module never imports it.
+This module holds the interface, the inline kind (an in-process function, async
+generator, :class:`bls.Worker` or script), and :func:`binding_for`, which makes a binding
+of any kind from a target. Other kinds register the schemes of their targets as entry
+points in the ``bls.schemes`` group (``tcp``, ``ipc``, ``inproc``, ``etcd``: the remote
+kind, in ``bls.transport``), so this module imports none of them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .paths import missing
 from .scope import NO_CONTEXT, CallContext
 from .worker import Worker
 
-__all__ = ["Binding", "InlineBinding", "load_target", "worker_error"]
+__all__ = ["Binding", "InlineBinding", "binding_for", "load_target", "scheme_of", "worker_error"]
 
 
 class Binding:
@@ -345,3 +347,57 @@ def load_target(target: str, base: Path | None = None) -> Any:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{module_part} has no attribute {part!r}{hint}") from None
     return obj
+
+
+# -- making bindings from targets ---------------------------------------------------------
+
+
+def binding_for(
+    name: str,
+    target: Any,
+    *,
+    options: Mapping[str, Any] | None = None,
+    base: Path | None = None,
+    settings: Any = None,
+) -> Binding:
+    """The binding for ``target``: a Binding, an object (function, Worker, script), a
+    ``module:attr``/``file.py:attr`` string (relative to ``base``), or a target with a
+    registered scheme (``tcp://host:port``, several comma-separated or in a list,
+    ``etcd:NAME``), made by that scheme's factory with ``settings`` (``[transport]``)."""
+    if isinstance(target, Binding):
+        return target
+    first = target[0] if isinstance(target, (list, tuple)) and target else target
+    scheme = scheme_of(first) if isinstance(first, str) else None
+    if scheme is not None:
+        return _schemes()[scheme](name, target, settings)
+    if isinstance(target, str):
+        return InlineBinding(
+            name, load_target(target, base), options=options, description=f"inline {target}"
+        )
+    return InlineBinding(name, target, options=options)
+
+
+def scheme_of(target: str) -> str | None:
+    """The registered scheme ``target`` starts with (``tcp`` for ``tcp://h:1``), or None."""
+    head, sep, _ = target.partition(":")
+    return head if sep and head in _schemes() else None
+
+
+_factories: dict[str, Callable[[str, Any, Any], Binding]] | None = None
+
+
+def _schemes() -> dict[str, Callable[[str, Any, Any], Binding]]:
+    """The factories of the installed binding kinds, by scheme (loaded on first use)."""
+    global _factories
+    if _factories is None:
+        from importlib.metadata import entry_points
+
+        _factories = {ep.name: _lazy(ep) for ep in entry_points(group="bls.schemes")}
+    return _factories
+
+
+def _lazy(ep: Any) -> Callable[[str, Any, Any], Binding]:
+    def make(name: str, target: Any, settings: Any) -> Binding:
+        return ep.load()(name, target, settings)
+
+    return make

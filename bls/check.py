@@ -1,15 +1,29 @@
-"""``bls check``: which stage names a script uses, and whether they are bound right."""
+"""``bls check``: which stage names a script uses, and whether they are bound right (the
+same checks the runtime makes when it opens its bindings, and when a late replica
+answers)."""
 
 from __future__ import annotations
 
 import ast
 import types
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-__all__ = ["StageUse", "find_stage_uses", "names_stages_dynamically", "typed_handles"]
+from .bindings import Binding
+from .messages import Signature, compatible, type_name
+
+__all__ = [
+    "StageUse",
+    "declare",
+    "find_stage_uses",
+    "names_stages_dynamically",
+    "type_problems",
+    "typed_handles",
+    "use_problems",
+]
 
 
 class StageUse(msgspec.Struct, frozen=True):
@@ -125,3 +139,81 @@ def names_stages_dynamically(path: str | Path) -> bool:
     """Whether the script calls a stage by a computed name (``stage(name, req)``), so
     the names it uses cannot all be read from its source."""
     return any(_literal(node) is None for node, _ in _stage_calls(_parse(path)))
+
+
+# -- the bindings against the script ------------------------------------------------
+
+
+def declare(declared: dict[str, Signature], name: str, signature: Signature) -> None:
+    """Add the types a typed handle declares for ``name`` to ``declared``; TypeError if
+    another handle declared other types for it."""
+    previous = declared.get(name)
+    if previous is not None and previous != signature:
+        first, second = _sig_text(previous), _sig_text(signature)
+        hint = " (different classes with the same name: is a module imported twice?)"
+        raise TypeError(
+            f"stage {name!r} is declared twice with different types: {first} and {second}"
+            + (hint if first == second else "")
+        )
+    declared[name] = signature
+
+
+def _sig_text(sig: Signature) -> str:
+    arrow = "->>" if sig.streaming else "->"
+    return f"{type_name(sig.request)} {arrow} {type_name(sig.response)}"
+
+
+def type_problems(name: str, binding: Binding, decl: Signature | None) -> list[str]:
+    """Why a typed handle's declared types (``decl``) and a binding's signature disagree."""
+    if decl is None:
+        return []
+    sig = binding.signature
+    problems = []
+    if decl.streaming != sig.streaming:
+        want = "streaming (StreamStage)" if decl.streaming else "unary (Stage)"
+        have = "a streaming worker" if sig.streaming else "a unary worker"
+        problems.append(
+            f"stage {name!r} is declared {want} but bound to {have} ({binding.description})"
+        )
+    request_schema, response_schema = binding.schemas
+    takes, returns = binding.type_labels
+    if not compatible(sig.request, decl.request, declared_schema=request_schema):
+        problems.append(
+            f"stage {name!r}: the script sends {type_name(decl.request)} but the worker "
+            f"({binding.description}) takes {takes}"
+        )
+    if not compatible(decl.response, sig.response, actual_schema=response_schema):
+        problems.append(
+            f"stage {name!r}: the script expects {type_name(decl.response)} but the worker "
+            f"({binding.description}) returns {returns}"
+        )
+    return problems
+
+
+def use_problems(
+    uses: Iterable[StageUse],
+    bindings: Mapping[str, Binding],
+    declared: Mapping[str, Signature],
+    unopened: Iterable[str] = (),
+) -> list[str]:
+    """Stage names a script's source uses that are unbound or called in the wrong mode
+    (``unopened`` bindings, whose workers never answered, have no mode to compare)."""
+    problems: list[str] = []
+    seen: set[tuple[str, bool]] = {(name, mode) for name in unopened for mode in (True, False)}
+    for use in uses:
+        if (use.name, use.streaming) in seen:
+            continue
+        seen.add((use.name, use.streaming))
+        where = f"{use.file}:{use.line}"
+        binding = bindings.get(use.name)
+        if binding is None:
+            problems.append(f"stage {use.name!r} is not bound (used at {where})")
+        elif use.name not in declared and use.streaming != binding.signature.streaming:
+            # With a typed handle, type_problems() has compared the modes already.
+            want = "stage.stream()" if use.streaming else "stage()"
+            have = "streaming" if binding.signature.streaming else "unary"
+            problems.append(
+                f"stage {use.name!r} is called with {want} at {where} but is bound to a "
+                f"{have} worker ({binding.description})"
+            )
+    return problems

@@ -105,11 +105,11 @@ def _write_line(value: Any) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .app import App
+    from .scriptfile import ScriptFile
 
     claim_stdout()
     setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
-    app = App(args.script, config_file=args.config, binds=args.bind)
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
     apply_connect_timeout(app.config, args.connect_timeout)
     apply_discovery(app.config, args)
     entry = app.entry(args.entry)
@@ -129,9 +129,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .app import App
+    from .scriptfile import ScriptFile
 
-    app = App(args.script, config_file=args.config, binds=args.bind)
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
 
     async def main() -> list[str]:
         rt = app.runtime()

@@ -112,7 +112,7 @@ def _add_worker(sub: Any) -> None:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from bls.transport.worker import run_worker
+    from bls.transport.worker_process import WorkerOptions, run_worker
 
     from .bindings import InlineBinding, load_target
     from .check import typed_handles
@@ -154,22 +154,24 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     console.apply_discovery(config, args)
     declared = typed_handles(binding.script_module) if isinstance(obj, Script) else []
     runtime = Runtime(make_bindings(config), declared=declared, start_unreachable=True)
+    options = WorkerOptions(
+        stage=stage,
+        strict_name=bool(args.stage),
+        max_inflight=args.max_inflight,
+        max_inflight_per_caller=args.max_inflight_per_caller,
+        grace=args.grace,
+        transport=config.transport,
+        curve_secret=args.curve_secret,
+        curve_allow=args.curve_allow,
+        register_at=args.discovery,
+        advertise=args.advertise,
+    )
     return anyio.run(
         lambda: run_worker(
             binding,
             args.listen,
+            options,
             runtime=runtime,
-            stage=stage,
-            strict_name=bool(args.stage),
-            max_inflight=args.max_inflight,
-            max_inflight_per_caller=args.max_inflight_per_caller,
-            grace=args.grace,
-            settings=config.transport,
-            curve_secret=args.curve_secret,
-            curve_allow=args.curve_allow,
-            register_at=args.discovery,
-            advertise=args.advertise,
-            namespace=config.transport.namespace,
             on_ready=lambda address, down: console.emit(console.ready_line(address, down)),
         ),
         backend=args.backend,
@@ -272,7 +274,7 @@ def _add_serve(sub: Any) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .app import App
+    from .scriptfile import ScriptFile
     from .serve.intake import Limits
     from .serve.server import serve
 
@@ -282,7 +284,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
-    app = App(args.script, config_file=args.config, binds=args.bind)
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
     console.apply_connect_timeout(app.config, args.connect_timeout)
     console.apply_discovery(app.config, args)
     limits = Limits(
@@ -383,9 +385,9 @@ def _add_bench(sub: Any) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from . import loadgen
 
-    return bench.main(args)
+    return loadgen.main(args)
 
 
 PARSERS = [_add_worker, _add_serve, _add_keygen, _add_bench]

@@ -10,23 +10,20 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
-from .bindings import Binding, InlineBinding, load_target
+from .bindings import Binding, binding_for, scheme_of
 from .cache import CachedBinding, CacheOptions
 from .paths import missing
-from .transport.settings import TransportConfig
 
 __all__ = [
-    "REMOTE_SCHEMES",
     "ConfigError",
     "StageConfig",
     "TransportConfig",
-    "binding_for",
     "check_names",
     "is_remote",
     "load_config",
@@ -35,12 +32,33 @@ __all__ = [
 ]
 
 CONFIG_NAME = "bls.toml"
-REMOTE_SCHEMES = ("tcp://", "ipc://", "inproc://")
 DISCOVER_SCHEME = "etcd:"  # --bind NAME=etcd:STAGE: replicas found in etcd
 
 
 class ConfigError(ValueError):
     """A configuration file or flag is wrong; the message names the file and the key."""
+
+
+# Every number is checked as the file is read, so a 0 or a negative is refused at start-up
+# naming its key (a heartbeat of 0 would spin; a bound of 0 would call every peer dead).
+_Seconds = Annotated[float, msgspec.Meta(gt=0)]
+_Bytes = Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+
+
+class TransportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``[transport]`` in ``bls.toml``: settings for remote bindings."""
+
+    heartbeat_s: _Seconds = 0.25
+    dead_after_s: _Seconds = 1.0  # a caller declares a silent worker lost after this
+    caller_dead_after_s: _Seconds = 15.0  # a worker gives up on a silent caller after this
+    connect_timeout_s: _Seconds = 5.0
+    max_frame_bytes: _Bytes = 256 * 1024 * 1024
+    curve_server_key: str | None = None
+    curve_secret: str | None = None
+    # Where stages bound with `discover = "NAME"` (or --bind NAME=etcd:NAME) find their
+    # workers: etcd://HOST:2379 (also --discovery), under /NAMESPACE/stages/NAME/.
+    discovery: str | None = None
+    namespace: str = "bls"
 
 
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -183,35 +201,8 @@ def load_config(
 
 
 def is_remote(target: str) -> bool:
-    return any(part.strip().startswith(REMOTE_SCHEMES) for part in target.split(","))
-
-
-def binding_for(
-    name: str,
-    target: Any,
-    *,
-    options: Mapping[str, Any] | None = None,
-    base: Path | None = None,
-    settings: Any = None,
-) -> Binding:
-    """Make the binding for ``target``: a Binding, an object, a ``module:attr`` string,
-    or one or more comma-separated ``tcp://``/``ipc://`` addresses (remote replicas)."""
-    if isinstance(target, Binding):
-        return target
-    if isinstance(target, str) and target.startswith(DISCOVER_SCHEME):
-        from .transport.client import RemoteBinding
-
-        return RemoteBinding.discovered(name, target[len(DISCOVER_SCHEME) :], settings)
-    if isinstance(target, (list, tuple)) or (isinstance(target, str) and is_remote(target)):
-        from .transport.client import RemoteBinding  # zmq only for remote stages
-
-        addrs = target if isinstance(target, (list, tuple)) else target.split(",")
-        return RemoteBinding(name, [a.strip() for a in addrs if a.strip()], settings=settings)
-    if isinstance(target, str):
-        return InlineBinding(
-            name, load_target(target, base), options=options, description=f"inline {target}"
-        )
-    return InlineBinding(name, target, options=options)
+    """Whether ``target`` (one address, or several comma-separated) names remote replicas."""
+    return any(scheme_of(part.strip()) is not None for part in target.split(","))
 
 
 def check_names(config: Config, used: Iterable[str], script: str | Path) -> None:

@@ -1,7 +1,7 @@
 """A serving process's life: serve until SIGTERM/SIGINT, then drain what is in flight.
 
 ``bls serve`` (requests) and ``bls worker`` (calls) both run :func:`serve_until_signal`
-over their server, and both drain with :class:`Inflight`: refuse new work, let what is
+over their server, and both drain with :class:`Drain`: refuse new work, let what is
 running finish within the grace period, then cancel the rest and give it a moment to
 answer.
 """
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
-__all__ = ["Drainable", "Inflight", "serve_until_signal"]
+__all__ = ["Drain", "Drainable", "serve_until_signal"]
 
 log = logging.getLogger("bls")
 
@@ -24,7 +24,7 @@ log = logging.getLogger("bls")
 CANCELLED_ANSWER_S = 5.0
 
 
-class Inflight:
+class Drain:
     """The work in flight (any sized collection the owner keeps) and its drain."""
 
     __slots__ = ("_idle", "draining", "live")

@@ -19,13 +19,20 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .bindings import Binding
-from .check import StageUse
-from .config import binding_for
+from .bindings import Binding, binding_for
+from .check import StageUse, declare, type_problems, use_problems
 from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
-from .messages import Signature, compatible, type_name
-from .scope import CallContext, RequestScope, traced_call, traced_stream
+from .messages import Signature
+from .scope import (
+    CallContext,
+    OpenStreams,
+    RequestScope,
+    enter,
+    leave,
+    traced_call,
+    traced_stream,
+)
 from .scope import current as current_context
 
 log = logging.getLogger("bls")
@@ -48,25 +55,6 @@ class BindingError(Exception):
         super().__init__("; ".join(problems))
 
 
-def declare(declared: dict[str, Signature], name: str, signature: Signature) -> None:
-    """Add the types a typed handle declares for ``name`` to ``declared``; TypeError if
-    another handle declared other types for it."""
-    previous = declared.get(name)
-    if previous is not None and previous != signature:
-        first, second = _sig_text(previous), _sig_text(signature)
-        hint = " (different classes with the same name: is a module imported twice?)"
-        raise TypeError(
-            f"stage {name!r} is declared twice with different types: {first} and {second}"
-            + (hint if first == second else "")
-        )
-    declared[name] = signature
-
-
-def _sig_text(sig: Signature) -> str:
-    arrow = "->>" if sig.streaming else "->"
-    return f"{type_name(sig.request)} {arrow} {type_name(sig.response)}"
-
-
 def current() -> Runtime:
     """The runtime serving the current task. RuntimeError outside of one."""
     rt = _current.get()
@@ -83,94 +71,49 @@ def _expect(name: str, binding: Binding, decl: Signature | None) -> None:
     binding.expect(decl.response if decl is not None else binding.signature.response)
 
 
-def type_problems(name: str, binding: Binding, decl: Signature | None) -> list[str]:
-    """Why a typed handle's declared types (``decl``) and a binding's signature disagree."""
-    if decl is None:
-        return []
-    sig = binding.signature
-    problems = []
-    if decl.streaming != sig.streaming:
-        want = "streaming (StreamStage)" if decl.streaming else "unary (Stage)"
-        have = "a streaming worker" if sig.streaming else "a unary worker"
-        problems.append(
-            f"stage {name!r} is declared {want} but bound to {have} ({binding.description})"
-        )
-    request_schema, response_schema = binding.schemas
-    takes, returns = binding.type_labels
-    if not compatible(sig.request, decl.request, declared_schema=request_schema):
-        problems.append(
-            f"stage {name!r}: the script sends {type_name(decl.request)} but the worker "
-            f"({binding.description}) takes {takes}"
-        )
-    if not compatible(decl.response, sig.response, actual_schema=response_schema):
-        problems.append(
-            f"stage {name!r}: the script expects {type_name(decl.response)} but the worker "
-            f"({binding.description}) returns {returns}"
-        )
-    return problems
-
-
-def use_problems(
-    uses: Iterable[StageUse],
-    bindings: Mapping[str, Binding],
-    declared: Mapping[str, Signature],
-    unopened: Iterable[str] = (),
-) -> list[str]:
-    """Stage names a script's source uses that are unbound or called in the wrong mode
-    (``unopened`` bindings, whose workers never answered, have no mode to compare)."""
-    problems: list[str] = []
-    seen: set[tuple[str, bool]] = {(name, mode) for name in unopened for mode in (True, False)}
-    for use in uses:
-        if (use.name, use.streaming) in seen:
-            continue
-        seen.add((use.name, use.streaming))
-        where = f"{use.file}:{use.line}"
-        binding = bindings.get(use.name)
-        if binding is None:
-            problems.append(f"stage {use.name!r} is not bound (used at {where})")
-        elif use.name not in declared and use.streaming != binding.signature.streaming:
-            # With a typed handle, type_problems() has compared the modes already.
-            want = "stage.stream()" if use.streaming else "stage()"
-            have = "streaming" if binding.signature.streaming else "unary"
-            problems.append(
-                f"stage {use.name!r} is called with {want} at {where} but is bound to a "
-                f"{have} worker ({binding.description})"
-            )
-    return problems
-
-
 class StageStream:
     """The async iterator returned by ``stage.stream(name, req)``.
 
-    Items are converted to the declared item type. Leaving the loop early, an error or a
-    cancel closes the underlying stream (the worker's generator is closed, a remote call
-    is cancelled); use ``async with stage.stream(...) as items`` to close it at a known
-    point rather than when the iterator is collected.
+    Items are converted to the declared item type. An error or a cancel while it waits
+    for an item ends the underlying stream (the worker's generator is closed, a remote
+    call is cancelled). A loop left early (``break``) leaves it open until the request it
+    belongs to ends, which closes it (:class:`bls.scope.RequestScope`; outside any
+    request, the runtime's exit); ``async with stage.stream(...) as items`` closes it at
+    the end of the block instead.
     """
 
-    __slots__ = ("_binding", "_ctx", "_it", "_req")
+    __slots__ = ("_binding", "_ctx", "_it", "_open", "_req")
 
-    def __init__(self, binding: Binding, req: Any, ctx: CallContext) -> None:
+    def __init__(self, binding: Binding, req: Any, ctx: CallContext, open: OpenStreams) -> None:
         self._binding = binding
         self._req = req
         self._ctx = ctx
+        self._open = open  # the request's streams, which closes this one if it is left open
         self._it: AsyncIterator[Any] | None = None
 
     def __aiter__(self) -> StageStream:
         return self
 
     async def __anext__(self) -> Any:
-        if self._it is None:
+        it = self._it
+        if it is None:
             binding, ctx = self._binding, self._ctx
             if ctx.trace is None:
-                self._it = binding.stream(self._req, ctx)
+                it = self._it = binding.stream(self._req, ctx)
             else:
                 opener = partial(binding.stream, self._req)
-                self._it = traced_stream(ctx, binding.name, binding.description, opener)
-        return self._binding.result(await self._it.__anext__())
+                it = self._it = traced_stream(ctx, binding.name, binding.description, opener)
+            self._open.add(self)
+        try:
+            item = await it.__anext__()
+        except BaseException:  # its end, its error, or a cancel: over either way
+            self._open.discard(self)
+            raise
+        return self._binding.result(item)
 
     async def aclose(self) -> None:
         it, self._it = self._it, None
+        self._open.discard(self)
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()
@@ -190,7 +133,7 @@ class Runtime:
     """The bindings for a process, entered as an async context manager.
 
     ``bindings`` maps stage names to :class:`Binding` objects or to anything
-    :func:`bls.config.binding_for` accepts (a function, a Worker, ``"module:attr"``,
+    :func:`bls.bindings.binding_for` accepts (a function, a Worker, ``"module:attr"``,
     ``"tcp://host:port"``). ``declared`` are the typed handles (:class:`bls.Stage`,
     :class:`bls.StreamStage`) whose types the bindings must fit: ``bls run``/``serve``/
     ``worker`` pass the ones their script can see. Entering opens every binding, checks
@@ -218,6 +161,7 @@ class Runtime:
             name: binding_for(name, target) for name, target in (bindings or {}).items()
         }
         self._token: contextvars.Token[Runtime | None] | None = None
+        self._streams = OpenStreams()  # left open outside any request: closed on exit
         self._opened: list[Binding] = []
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -298,6 +242,7 @@ class Runtime:
         """Tear down every opened binding (shielded from cancellation), then stop the
         bindings' background tasks."""
         first: BaseException | None = None
+        await self._streams.aclose()
         with anyio.CancelScope(shield=True):
             for binding in reversed(self._opened):
                 try:
@@ -350,7 +295,9 @@ class Runtime:
 
     def stream(self, name: str, req: Any) -> StageStream:
         """Open a streaming stage call (lazily: nothing is sent until iterated)."""
-        return StageStream(self.binding(name), req, current_context())
+        ctx = current_context()
+        streams = ctx.streams if ctx.streams is not None else self._streams
+        return StageStream(self.binding(name), req, ctx, streams)
 
     def call_declared(self, name: str, signature: Signature, req: Any) -> Any:
         """:meth:`call` from a typed handle that declares ``signature`` for ``name``."""
@@ -379,7 +326,8 @@ class Runtime:
         token = _current.set(self)
         try:
             if timeout is None:  # no scope of its own: the caller's scopes govern it
-                return entry.check_result(await entry.fn(req))
+                async with _streams_closed():
+                    return entry.check_result(await entry.fn(req))
             async with _own_scope(entry, current_context(), timeout):
                 return entry.check_result(await entry.fn(req))
             raise _deadline(entry, timeout)
@@ -403,7 +351,7 @@ class Runtime:
         req = entry.coerce(req)
         token = _current.set(self)
         try:
-            async with aclosing(entry.fn(req)) as agen:
+            async with _streams_closed(), aclosing(entry.fn(req)) as agen:
                 async for item in agen:
                     await sink(item)
         finally:
@@ -458,6 +406,23 @@ class Runtime:
                 tg.cancel_scope.cancel()
         if failure is not None:
             raise failure
+
+
+@asynccontextmanager
+async def _streams_closed() -> AsyncIterator[None]:
+    """The stage streams opened inside and left open are closed at the end, unless a
+    request around already does that (its scope holds the set they join)."""
+    ctx = current_context()
+    if ctx.streams is not None:
+        yield
+        return
+    streams = OpenStreams()
+    token = enter(CallContext(ctx.deadline, ctx.trace, ctx.span, streams))
+    try:
+        yield
+    finally:
+        leave(token)
+        await streams.aclose()
 
 
 def _own_scope(entry: Script, ctx: CallContext, timeout: float | None) -> RequestScope:

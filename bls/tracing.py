@@ -25,7 +25,7 @@ import msgspec
 
 from .errors import DeadlineExceeded, StageError
 
-__all__ = ["Span", "Trace", "TraceStore", "decode_spans", "encode_spans", "outcome_of"]
+__all__ = ["Span", "Trace", "TraceStore", "outcome_of"]
 
 
 class Span(msgspec.Struct, kw_only=True, gc=False):  # scalars only: nothing to collect
@@ -110,22 +110,6 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, StageError):
         return "error", exc.kind
     return "error", type(exc).__name__
-
-
-_spans_encoder = msgspec.msgpack.Encoder()
-_spans_decoder = msgspec.msgpack.Decoder(list[Span])
-
-
-def encode_spans(spans: list[Span]) -> bytes:
-    return _spans_encoder.encode(spans)
-
-
-def decode_spans(data: bytes) -> list[Span]:
-    """Spans a worker reported; [] for anything malformed (a trace never fails a call)."""
-    try:
-        return _spans_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return []
 
 
 class TraceStore:

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 import bls
-from bls.serve.chat import conversation
+from bls.conversation import conversation
 
 from .noise import quiet_engines, verbose
 

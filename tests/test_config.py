@@ -87,8 +87,9 @@ def test_unknown_stage_names_are_refused_with_the_closest_one(tmp_path: Path) ->
 
 
 def test_discovered_stages_from_the_file_and_the_command_line(tmp_path: Path) -> None:
-    from bls.config import binding_for, make_bindings
-    from bls.transport.client import RemoteBinding
+    from bls.bindings import binding_for
+    from bls.config import make_bindings
+    from bls.transport.replicas import RemoteBinding
 
     script = tmp_path / "s.py"
     script.write_text("")

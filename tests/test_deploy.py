@@ -78,11 +78,11 @@ def test_bls_containers_run_commands_and_flags_that_exist() -> None:
 def test_the_frontends_config_binds_every_stage_the_example_uses() -> None:
     import tomllib
 
-    from bls.app import App
+    from bls.scriptfile import ScriptFile
 
     (config_map,) = [d for d in documents() if d["kind"] == "ConfigMap"]
     stages = tomllib.loads(config_map["data"]["bls.toml"])["stages"]
-    uses = {u.name for u in App(ROOT / "examples/ensemble/ensemble.py").uses}
+    uses = {u.name for u in ScriptFile(ROOT / "examples/ensemble/ensemble.py").uses}
     assert set(stages) == uses
     assert all("discover" in table for table in stages.values())
 

@@ -4,10 +4,8 @@ carry (deadline, trace, span) is set inside it and undone after."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-from collections.abc import Callable
 
 import anyio
 import pytest
@@ -15,7 +13,7 @@ import pytest
 import bls
 from bls.bindings import Binding
 from bls.runtime import Runtime
-from bls.scope import NO_CONTEXT, CallContext, RequestScope, current, timers
+from bls.scope import NO_CONTEXT, CallContext, RequestScope, current
 from bls.tracing import Trace
 
 pytestmark = pytest.mark.anyio
@@ -149,36 +147,6 @@ async def test_the_runtime_hands_each_call_its_context_explicitly() -> None:
         assert ctx.span.outcome == "ok"
 
 
-def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        wheel = timers(loop)
-        fired: list[tuple[str, float]] = []
-        done = asyncio.Event()
-        start = loop.time()
-
-        def at(name: str) -> Callable[[], None]:
-            def fn() -> None:
-                fired.append((name, loop.time()))
-                if name == "last":
-                    done.set()
-
-            return fn
-
-        late, early, gone = at("late"), at("early"), at("gone")
-        wheel.add(start + 0.03, late)
-        wheel.add(start + 0.01, early)  # sooner than what the loop timer is armed for
-        key = wheel.add(start + 0.02, gone)
-        wheel.add(start + 0.05, at("last"))
-        wheel.remove(key, gone)
-        await asyncio.wait_for(done.wait(), 5)
-        assert [name for name, _ in fired] == ["early", "late", "last"]
-        wanted = {"early": 0.01, "late": 0.03, "last": 0.05}
-        assert all(when >= start + wanted[name] for name, when in fired)
-
-    asyncio.run(main())
-
-
 async def test_a_cancel_from_inside_just_before_it_ends_does_not_outlive_it() -> None:
     """A worker's call that cancels its own scope as it finishes (its reply could not be
     sent: the caller is gone) and returns without awaiting: the cancel must end with the
@@ -193,3 +161,77 @@ async def test_a_cancel_from_inside_just_before_it_ends_does_not_outlive_it() ->
                 scope.cancel()
         await anyio.sleep(0.01)  # must not raise: the task is not cancelled
         assert not scope.expired
+
+
+# -- one cancellation model: the request scope behaves as trio's CancelScope ---------------
+
+
+async def test_a_request_scope_is_single_use() -> None:
+    scope = RequestScope("r")
+    async with scope:
+        pass
+    with pytest.raises(RuntimeError, match="single use"):
+        async with scope:
+            pass
+
+
+async def test_leaving_out_of_order_or_from_another_task_raises() -> None:
+    outer, inner = RequestScope("outer"), RequestScope("inner")
+    await outer.__aenter__()
+    await inner.__aenter__()
+    with pytest.raises(RuntimeError):
+        await outer.__aexit__(None, None, None)  # the inner one is still open
+    await inner.__aexit__(None, None, None)
+
+    scope = RequestScope("r")
+    await scope.__aenter__()
+    failed: list[BaseException] = []
+
+    async def leave_elsewhere() -> None:
+        try:
+            await scope.__aexit__(None, None, None)
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(leave_elsewhere)
+    assert failed, "a scope left from another task must raise"
+
+
+async def test_a_shield_inside_a_request_keeps_its_work_from_the_requests_cancel() -> None:
+    """The worker closes a stream in a shielded block while its call is cancelled: the
+    shield holds, whether the cancel is the deadline or an explicit one."""
+    for cancel in (False, True):
+        scope = RequestScope("r")
+        finished = False
+        async with scope:
+            if cancel:
+                scope.cancel()
+            else:
+                scope.expire_after(0.01)
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.05)  # past the deadline, or after the cancel
+                finished = True
+            await anyio.sleep(5)  # here it ends
+        assert finished and scope.cancelled_caught and scope.expired is not cancel
+
+
+async def test_a_shielded_request_scope_ignores_the_cancel_around_it() -> None:
+    with anyio.CancelScope() as outer:
+        outer.cancel()
+        async with RequestScope("r", shield=True) as inner:
+            await anyio.sleep(0.01)  # not cancelled: shielded
+        assert not inner.cancelled_caught
+        await anyio.sleep(5)
+    assert outer.cancelled_caught
+
+
+async def test_a_deadline_removed_or_moved_later_does_not_fire() -> None:
+    scope = RequestScope("r")
+    scope.expire_after(0.01)
+    async with scope:
+        scope.expire_after(None)  # --request-timeout 0: no deadline after all
+        await anyio.sleep(0.05)
+        scope.expire_after(10)
+        await anyio.sleep(0.02)
+    assert not scope.cancelled_caught

@@ -11,14 +11,8 @@ import pytest
 
 import bls
 from bls.scope import CallContext, enter, leave
-from bls.tracing import (
-    Span,
-    Trace,
-    TraceStore,
-    decode_spans,
-    encode_spans,
-    outcome_of,
-)
+from bls.tracing import Span, Trace, TraceStore, outcome_of
+from bls.transport.wire import decode_spans, encode_spans
 
 pytestmark = pytest.mark.anyio
 

@@ -1,21 +1,19 @@
-"""ZeroMQ sockets on anyio: one reader task per socket, on asyncio and on trio.
+"""ZeroMQ sockets on anyio: a socket whose incoming messages are dispatched as they come.
 
 pyzmq's own async layer is asyncio-only, so bls integrates on the socket's ``zmq.FD``
-with :func:`anyio.wait_readable`, which both backends provide natively. That FD is
-edge-triggered: it signals when the socket's state changes, not while messages are
-waiting, and any send or receive may consume the signal. So:
+through :meth:`bls.loop.Backend.fd_reader` (the loop's reader callback on asyncio, a task
+on trio). That FD is edge-triggered: it signals when the socket's state changes, not while
+messages are waiting, and any send or receive may consume the signal. So:
 
 - a drain ends only when ``zmq.EVENTS`` says no input is left. One that stops after a
-  batch (to let other work run) makes sure the rest is read soon: on asyncio it calls
-  itself again from the loop; on trio it wakes the reader task, which may be waiting
-  on the FD for an edge that a drain elsewhere already took. Whoever drains, nothing
-  is left unread with nothing to wake the reader;
+  batch (to let other work run) makes sure the rest is read soon (``FdReader.again``:
+  the reader may be waiting for an edge that a drain elsewhere already took). Whoever
+  drains, nothing is left unread with nothing to wake the reader;
 - a message whose handler raises is logged and counted (:attr:`AsyncSocket.errors`);
   the messages after it are read as usual;
-- after a send, ``zmq.EVENTS`` is re-checked and pending input drained before the loop
-  next waits: on asyncio once per loop iteration however many tasks sent (a callback
-  scheduled by the first send), on trio right away in the sending task (dispatch is
-  synchronous, so this is safe anywhere);
+- after a send, pending input is drained before the loop next waits (``FdReader.check``:
+  once per loop turn on asyncio however many tasks sent; at once in the sending task on
+  trio, where dispatch is synchronous and so safe anywhere);
 - :meth:`AsyncSocket.watch`, belt and braces, looks each second for input that waits
   with no wake-up coming (none of the above should ever allow it), logs it loudly,
   counts it (:attr:`AsyncSocket.stalls`) and reads it;
@@ -27,20 +25,18 @@ waiting, and any send or receive may consume the signal. So:
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextvars
 import logging
 import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
-import anyio.lowlevel
-import sniffio
 import zmq
 
-__all__ = ["AsyncSocket", "park", "unpark", "until_unparked"]
+from bls import loop
+
+__all__ = ["AsyncSocket"]
 
 log = logging.getLogger("bls.transport")
 
@@ -53,31 +49,6 @@ _POLLOUT = int(zmq.POLLOUT)
 _EVENTS = int(zmq.EVENTS)
 _ZERO_COPY_MIN = 64 * 1024  # smaller frames are cheaper to copy than to pin
 _UNROUTABLE = (zmq.EAGAIN, zmq.EHOSTUNREACH)
-
-
-def park(loop: asyncio.AbstractEventLoop | None) -> Any:
-    """Something a task waits on until a message's dispatch wakes it: an asyncio future
-    on asyncio (``loop``; an anyio Event costs several times more there), an anyio Event
-    on trio (``loop`` None). Wait with :func:`until_unparked`, wake with :func:`unpark`."""
-    return anyio.Event() if loop is None else loop.create_future()
-
-
-async def until_unparked(waiter: Any) -> None:
-    if isinstance(waiter, anyio.Event):
-        await waiter.wait()
-    else:
-        await waiter
-
-
-def unpark(waiter: Any) -> bool:
-    """Wake the task waiting on ``waiter``; False if it was cancelled while it waited."""
-    if isinstance(waiter, anyio.Event):
-        waiter.set()
-    elif waiter.done():
-        return False
-    else:
-        waiter.set_result(None)
-    return True
 
 
 class AsyncSocket:
@@ -110,13 +81,8 @@ class AsyncSocket:
         self.received = 0  # messages read
         self.errors = 0  # messages whose handler raised
         self.stalls = 0  # times watch() found input waiting with no wake-up coming
-        # asyncio: the loop, once the reader runs, and whether a drain is scheduled.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._context: contextvars.Context | None = None
-        self._soon = False
-        # trio: input left after a batch, and the reader's wait on the FD (to wake it).
-        self._more = False
-        self._waiting: anyio.CancelScope | None = None
+        self._fd = int(sock.getsockopt(zmq.FD))
+        self._reader: loop.FdReader | None = None  # once run() runs
 
     def send(self, frames: Sequence[Any]) -> None:
         """Queue ``frames`` as one message. Never blocks; never raises for a full queue."""
@@ -125,22 +91,10 @@ class AsyncSocket:
         if self._backlog or not self._send_now(frames):
             self._backlog.append(frames)
         # The send may have taken the FD's edge: look for input before the loop waits.
-        if self._loop is not None:
-            self._drain_soon()
+        if self._reader is not None:
+            self._reader.check()
         else:
             self.drain()
-
-    def _drain_soon(self) -> None:
-        """asyncio: drain once this loop iteration's callbacks have run (once however many
-        ask), in the reader's context: what it dispatches must not inherit a sender's."""
-        if not self._soon:
-            self._soon = True
-            assert self._loop is not None
-            self._loop.call_soon(self._drain_now, context=self._context)
-
-    def _drain_now(self) -> None:
-        self._soon = False
-        self.drain()
 
     def _send_now(self, frames: Sequence[Any]) -> bool:
         """Send one message without blocking; False if the queue is full (nothing sent).
@@ -184,13 +138,8 @@ class AsyncSocket:
             left = self._read_batch()
         finally:
             self._reading = False
-        if left:
-            if self._loop is not None:
-                self._drain_soon()
-            else:
-                self._more = True
-                if self._waiting is not None:
-                    self._waiting.cancel()  # the reader waits for an edge already taken
+        if left and self._reader is not None:
+            self._reader.again()  # (before run(), run() drains first)
 
     def _read_batch(self) -> bool:
         """Read up to :data:`BATCH` messages; True if input is left after them."""
@@ -230,45 +179,22 @@ class AsyncSocket:
             self._backlog.popleft()
 
     async def run(self) -> None:
-        """The reader; runs until cancelled. The owner closes the socket after.
-
-        On asyncio the FD stays registered with the loop, and what arrives is dispatched
-        from the loop's callback: no task wakes up per message, and no ``epoll_ctl``
-        pair per wait. On trio a task waits on the FD.
-        """
-        fd = int(self.sock.getsockopt(zmq.FD))
-        if sniffio.current_async_library() == "asyncio":
-            self._context = contextvars.copy_context()
-            loop = self._loop = asyncio.get_running_loop()
-            loop.add_reader(fd, self.drain)
-            try:
-                self.drain()
-                await anyio.sleep_forever()
-            finally:
-                loop.remove_reader(fd)
-        while True:
-            self._more = False
-            self.drain()
-            if self._more:  # a batch ended with input left: let other tasks run first
-                await anyio.lowlevel.checkpoint()
-                continue
-            with anyio.CancelScope() as self._waiting:
-                await anyio.wait_readable(fd)
-            self._waiting = None
+        """The reader; runs until cancelled. The owner closes the socket after."""
+        self._reader = loop.backend().fd_reader(self._fd, self.drain)
+        await self._reader.run()
 
     async def watch(self, on_stall: Callable[[], None] | None = None, every: float = 1.0) -> None:
         """Each ``every`` seconds, look for input that waits with no wake-up coming (the
         FD not readable, no drain scheduled, yet ``zmq.EVENTS`` reports input): log it
         loudly, count it in :attr:`stalls` (and tell ``on_stall``), and read it. Runs
         until cancelled."""
-        fd = int(self.sock.getsockopt(zmq.FD))
         while True:
             await anyio.sleep(every)
             if self.closed:
                 return
-            if self._soon or self._more or self._reading:
+            if self._reading or (self._reader is not None and self._reader.pending):
                 continue  # a drain is on its way
-            if select.select([fd], [], [], 0)[0]:
+            if select.select([self._fd], [], [], 0)[0]:
                 continue  # a wake-up is pending: the reader will run
             if int(self.sock.get(_EVENTS)) & _POLLIN:
                 self.stalls += 1

@@ -31,6 +31,7 @@ import msgspec
 
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
 from bls.scope import LATEST_DEADLINE
+from bls.tracing import Span
 
 __all__ = [
     "PROTOCOL",
@@ -40,6 +41,8 @@ __all__ = [
     "Hello",
     "Kind",
     "WorkerInfo",
+    "decode_spans",
+    "encode_spans",
     "error_from",
     "error_info",
     "frame_sizes",
@@ -315,3 +318,21 @@ def encode_hello(hello: Hello) -> bytes:
 
 def decode_hello(payload: Any) -> Hello:
     return _hello_codec.decode(payload)
+
+
+# -- spans a traced call's worker reports with its final frame -----------------------
+
+_spans_encoder = msgspec.msgpack.Encoder()
+_spans_decoder = msgspec.msgpack.Decoder(list[Span])
+
+
+def encode_spans(spans: list[Span]) -> bytes:
+    return _spans_encoder.encode(spans)
+
+
+def decode_spans(data: bytes) -> list[Span]:
+    """Spans a worker reported; [] for anything malformed (a trace never fails a call)."""
+    try:
+        return _spans_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []

@@ -1,4 +1,4 @@
-"""bench/peers.py's bls contender: `bls worker` processes and a runtime in this process."""
+"""bench/compare_peers.py's bls contender: `bls worker` processes and a runtime in this process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/peers.py's Dynamo contender (runs in its own virtual environment): the same echo
+"""bench/compare_peers.py's Dynamo contender (runs in its own virtual environment): the same echo
 and the same two-component chain on the Dynamo runtime, with file discovery and the TCP
 request plane (no etcd, no NATS), on this host."""
 

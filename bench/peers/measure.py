@@ -1,4 +1,4 @@
-"""The measurement every contender of bench/peers.py runs, on asyncio, given its calls.
+"""The measurement every contender of bench/compare_peers.py runs, on asyncio, given its calls.
 
 Plain Python only: it is imported by each peer's driver, in the peer's own environment.
 """

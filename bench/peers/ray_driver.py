@@ -1,4 +1,4 @@
-"""bench/peers.py's Ray Serve contender (runs in its own virtual environment): the same
+"""bench/compare_peers.py's Ray Serve contender (runs in its own virtual environment): the same
 echo and the same two-deployment chain through DeploymentHandles, Ray on 127.0.0.1."""
 
 from __future__ import annotations

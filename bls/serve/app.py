@@ -28,11 +28,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
-import sniffio
 
 from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
-from ..lifecycle import Inflight
+from ..lifecycle import Drain
 from ..runtime import Runtime
 from ..scope import RequestScope
 from ..tracing import Trace, TraceStore, outcome_of
@@ -98,7 +97,7 @@ class Frontend:
         self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0
         self._requests: set[Request] = set()
-        self._drain = Inflight(self._requests)
+        self._drain = Drain(self._requests)
         self.chat_entry = next((e for e in entries.values() if e.openai == "chat"), None)
         # The model names the chat route answers to (GET /v1/models lists them).
         self.models: list[str] = []
@@ -106,7 +105,6 @@ class Frontend:
             served = self.chat_entry.model or self.chat_entry.name
             self.models = list(dict.fromkeys([served, *model_aliases]))
         self._openapi: bytes | None = None
-        self._asyncio: bool | None = None  # the event loop, known at the first request
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self._health,
             ("GET", "/ready"): self._ready,
@@ -257,13 +255,10 @@ class Frontend:
     ) -> None:
         """Admission, body, deadline, trace, disconnect watch, error answer, bookkeeping."""
         started = time.perf_counter()
-        asyncio_loop = self._asyncio
-        if asyncio_loop is None:
-            asyncio_loop = self._asyncio = sniffio.current_async_library() == "asyncio"
         rid = request_id(scope).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
         root = trace.open(entry.name, 0, "script", entry.streaming)
-        request = Request(rid, RequestScope(rid, trace=trace, span=root, asyncio_loop=asyncio_loop))
+        request = Request(rid, RequestScope(rid, trace=trace, span=root))
         self.inflight += 1
         self._requests.add(request)
         try:
@@ -296,7 +291,7 @@ class Frontend:
                         req = entry.decode(body)
                     except InvalidRequest as exc:
                         raise invalid(exc) from None
-                    stop_watching = watch_disconnect(receive, request, asyncio_loop)
+                    stop_watching = watch_disconnect(receive, request)
                     await run(scope, tracking(send, request), entry, req, request)
             finally:
                 if stop_watching is not None:

@@ -1,12 +1,13 @@
-"""The OpenAI-compatible chat endpoint: request, response and stream-chunk shapes.
+"""The OpenAI-compatible chat endpoint: response and stream-chunk shapes.
 
-A script declared with ``@bls.script(openai="chat")`` takes a :class:`ChatRequest` (or a
-subclass) and returns or yields its answer. Each item may be a string (a text delta) or
-a message with ``text`` and, when the engine knows them, ``token_ids`` (the delta's
-tokens), ``prompt_tokens`` and ``finish_reason`` — :class:`bls.models.vllm.GenerateItem`
-is one. From those, ``bls serve`` answers ``POST /v1/chat/completions`` as OpenAI does:
-``usage`` with the engine's token counts, ``finish_reason`` ``"length"`` or ``"stop"``,
-and, when ``stream_options.include_usage`` is set, a last chunk carrying ``usage``.
+A script declared with ``@bls.script(openai="chat")`` takes a
+:class:`bls.conversation.ChatRequest` (or a subclass) and returns or yields its answer.
+Each item may be a string (a text delta) or a message with ``text`` and, when the engine
+knows them, ``token_ids`` (the delta's tokens), ``prompt_tokens`` and ``finish_reason``
+— :class:`bls.models.vllm.GenerateItem` is one. From those, ``bls serve`` answers
+``POST /v1/chat/completions`` as OpenAI does: ``usage`` with the engine's token counts,
+``finish_reason`` ``"length"`` or ``"stop"``, and, when ``stream_options.include_usage``
+is set, a last chunk carrying ``usage``.
 """
 
 from __future__ import annotations
@@ -17,65 +18,10 @@ from typing import Any
 
 import msgspec
 
+from ..conversation import conversation
 from ..errors import InvalidRequest
-from ..messages import Message
 
-__all__ = ["ChatMessage", "ChatRequest", "Tally", "conversation", "unsupported"]
-
-
-class ChatMessage(Message, forbid_unknown_fields=False):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-
-    def text(self) -> str:
-        """The message's text: the string, or its text parts joined.
-
-        Raises ``ValueError`` naming the part for a part that is not text (images and
-        audio are for scripts that read ``content`` themselves)."""
-        content = self.content
-        if content is None or isinstance(content, str):
-            return content or ""
-        texts = []
-        for i, part in enumerate(content):
-            kind = part.get("type")
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"content[{i}]: unsupported content part type {kind!r}")
-            texts.append(part["text"])
-        return "".join(texts)
-
-
-class ChatRequest(Message, forbid_unknown_fields=False):
-    """The body of ``POST /v1/chat/completions``: the fields a script usually needs.
-    Other fields OpenAI clients send are accepted and ignored."""
-
-    model: str
-    messages: list[ChatMessage]
-    stream: bool = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    ignore_eos: bool | None = None
-    min_tokens: int | None = None
-    n: int = 1
-    user: str | None = None
-    stream_options: dict[str, Any] | None = None
-
-
-def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The messages as ``{"role", "content"}`` dicts of text, as chat templates take
-    them; :class:`InvalidRequest` naming the part that is not text."""
-    out = []
-    for i, message in enumerate(messages):
-        try:
-            out.append({"role": message.role, "content": message.text()})
-        except ValueError as exc:
-            where, _, why = str(exc).partition(": ")
-            raise InvalidRequest("", why, f"$.messages[{i}].{where}") from None
-    return out
+__all__ = ["Tally", "unsupported"]
 
 
 def unsupported(req: Any) -> tuple[str, str] | None:

@@ -4,7 +4,6 @@ deadline header."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import math
@@ -14,7 +13,8 @@ from collections.abc import Callable
 import msgspec
 
 from ..errors import InvalidRequest
-from ..scope import RequestScope, timers
+from ..loop import backend
+from ..scope import RequestScope
 from .framing import HttpError, Message, Receive, Scope, Send, sse_error
 
 __all__ = ["Limits", "Request", "read_body", "request_id", "request_timeout"]
@@ -93,43 +93,14 @@ async def _watch(receive: Receive, request: Request) -> None:
         log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
 
 
-def watch_disconnect(
-    receive: Receive, request: Request, asyncio_loop: bool
-) -> Callable[[], object]:
+def watch_disconnect(receive: Receive, request: Request) -> Callable[[], object]:
     """Start :func:`_watch` beside the request; returns what stops it.
 
-    On asyncio this is a bare task, started only once the request has run for
-    ``_WATCH_AFTER`` seconds (on the loop's shared timers): a task per request costs more
-    than the rest of a small request put together, and one that ends sooner has nothing
-    left to cancel. The watcher needs none of a task group's guarantees (it never raises,
-    and is always stopped before the request's handler returns).
+    It starts only once the request has run for ``_WATCH_AFTER`` seconds (a request that
+    ends sooner has nothing left to cancel), in no task group (it never raises, and is
+    always stopped before the request's handler returns): :meth:`bls.loop.Backend.watch`.
     """
-    if asyncio_loop:
-        loop = asyncio.get_running_loop()
-        started: list[asyncio.Task[None]] = []
-
-        def start() -> None:
-            started.append(loop.create_task(_watch(receive, request)))
-
-        wheel = timers(loop)
-        key = wheel.add(loop.time() + _WATCH_AFTER, start)
-
-        def stop() -> None:
-            wheel.remove(key, start)
-            if started:
-                started[0].cancel()
-
-        return stop
-    import trio
-
-    stopper = trio.CancelScope()
-
-    async def watch() -> None:
-        with stopper:
-            await _watch(receive, request)
-
-    trio.lowlevel.spawn_system_task(watch)
-    return stopper.cancel
+    return backend().watch(lambda: _watch(receive, request), _WATCH_AFTER)
 
 
 def tracking(send: Send, request: Request) -> Send:

@@ -21,8 +21,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ..app import App
 from ..lifecycle import serve_until_signal
+from ..scriptfile import ScriptFile
 from .app import Frontend
 from .intake import Limits
 
@@ -130,7 +130,7 @@ async def _hypercorn(
 
 
 async def serve(
-    app: App,
+    app: ScriptFile,
     host: str,
     port: int,
     limits: Limits,

@@ -31,7 +31,7 @@ from bls.models.adapters import embeds_prompt
 from bls.models.encoder import Embedding, EncodeRequest, Labels
 from bls.models.vllm import GenerateItem
 from bls.scope import CallContext
-from bls.transport.client import RemoteBinding
+from bls.transport.replicas import RemoteBinding
 
 log = logging.getLogger("bespoke")
 TIMEOUT_S = 300.0  # each request's deadline, as bls serve's default --request-timeout

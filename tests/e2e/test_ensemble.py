@@ -54,11 +54,15 @@ def test_the_same_answer_inline_remote_and_by_hand(
 ) -> None:
     with serving(SCRIPT, ready_timeout=240) as inline:
         got = events(inline.address)
+        steps = {s["name"]: s for s in last_spans(inline.address)}["generator"]["items"]
     *pieces, merged = got
     assert merged["label"] in ("cat", "dog", "bird", "car", "tree")
     assert 0 < merged["score"] <= 1  # type: ignore[operator]
     assert merged["caption"] == "".join(p.get("text", "") for p in pieces)  # type: ignore[misc]
-    assert len(pieces) == REQUEST["max_tokens"]  # one chunk per generated token
+    assert steps == REQUEST["max_tokens"]  # one engine step per generated token
+    # One chunk per step that produced text: none that carries nothing (a step may end
+    # mid-character, with no text yet).
+    assert 0 < len(pieces) <= steps and all(p["text"] for p in pieces), pieces
 
     with serving(SCRIPT, *_binds(workers, "encoder", "classifier", "generator")) as remote:
         assert events(remote.address) == got
@@ -134,7 +138,11 @@ def test_a_disconnect_cancels_the_classifier_and_aborts_the_generation(
         assert marker.with_suffix(".started").exists()  # and so is the classifier
         wait_for(lambda: marker.exists(), timeout=15)
         assert marker.read_text() == "cancelled"
-        wait_for(lambda: len(_aborts(generator)) > before, timeout=15)
+        try:
+            wait_for(lambda: len(_aborts(generator)) > before, timeout=15)
+        except AssertionError:
+            logs = "".join(server.lines[-30:]) + "".join(generator.lines[-30:])
+            raise AssertionError(f"no abort in the worker's log; the logs:\n{logs}") from None
         assert _aborts(generator)[-1].rstrip().endswith("(unfinished in the engine now: 0)")
     finally:
         server.signal(signal.SIGTERM)

@@ -32,7 +32,9 @@ def test_cache_hits_per_image_the_same_inline_and_remote(
         # The third image is the first one again: encoded once, served to both.
         assert first["cached"] == [False, False, True]
         assert isinstance(first["encode_ms"], float)
-        assert len(caption) == REQUEST["max_tokens"]
+        # A piece per engine step with text (a step may end mid-character): none empty.
+        assert 0 < len(caption) <= REQUEST["max_tokens"]  # type: ignore[operator]
+        assert all(piece["text"] for piece in caption), caption
         again, *caption_again = items(inline.address)
         assert again["cached"] == [True, True, True]
         assert caption_again == caption  # greedy, fixed seed: the same caption

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -15,7 +16,7 @@ import pytest
 import bls
 from bls import stage
 from bls.runtime import StageStream
-from bls.transport import client as transport_client
+from bls.transport import stream as transport_stream
 
 from .cli import BLS, ROOT, run_bls
 from .procs import wait_for, worker
@@ -165,20 +166,37 @@ async def test_timeout_mid_stream_cancels_the_remote_handler(tmp_path: Path) -> 
             what, when = marker.read_text().split()
             assert what == "cancelled"
             assert float(when) - t_cancel < 0.5
-            conn = rt.bindings["ticks"].connections[0]  # type: ignore[attr-defined]
-            assert conn.calls == {}
+            binding: Any = rt.bindings["ticks"]
+            assert binding.inflight == {proc.address: 0}
+
+
+@bls.script
+async def first_five(req: Mark) -> int:
+    async for i in stage.stream("ticks", req):
+        if i == 5:
+            return i  # leaves the stream open: the request's end closes it
+    return -1
 
 
 @pytest.mark.anyio
-async def test_leaving_a_stream_early_cancels_the_remote_handler(tmp_path: Path) -> None:
+async def test_leaving_a_stream_early_cancels_the_remote_handler_when_the_request_ends(
+    tmp_path: Path,
+) -> None:
     marker = tmp_path / "early"
     with worker(f"{STAGES}:ticks") as proc:
-        async with bls.Runtime({"ticks": proc.address}):
-            async for i in stage.stream("ticks", Mark(marker=str(marker), seconds=0.001)):
-                if i == 5:
-                    break
-            await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=2))
+        async with bls.Runtime({"ticks": proc.address}) as rt:
+            assert await rt.run(first_five, Mark(marker=str(marker), seconds=0.001)) == 5
+            # The request is over: its stream was closed, the worker told to stop.
+            await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=10))
             assert marker.read_text().split()[0] in ("cancelled", "closed")
+            second = tmp_path / "block"
+            request = Mark(marker=str(second), seconds=0.001)
+            async with stage.stream("ticks", request) as items:  # a close point of its own
+                async for i in items:
+                    if i == 5:
+                        break
+            await anyio.to_thread.run_sync(lambda: wait_for(second.exists, timeout=10))
+            assert second.read_text().split()[0] in ("cancelled", "closed")
 
 
 def test_worker_stops_at_the_deadline_without_a_cancel_frame(tmp_path: Path) -> None:
@@ -238,11 +256,11 @@ async def test_nested_call_inside_a_worker_inherits_deadline(tmp_path: Path) -> 
 async def test_sigkill_mid_stream_fails_fast_and_survivor_takes_new_calls(tmp_path: Path) -> None:
     with worker(f"{STAGES}:ticks") as a, worker(f"{STAGES}:ticks") as b:
         async with bls.Runtime({"ticks": f"{a.address},{b.address}"}) as rt:
-            conns = rt.bindings["ticks"].connections  # type: ignore[attr-defined]
+            binding: Any = rt.bindings["ticks"]
             streams = [stage.stream("ticks", Mark(seconds=0.01)) for _ in range(2)]
             for s in streams:
                 await s.__anext__()
-            assert sorted(len(c.calls) for c in conns) == [1, 1]  # one on each replica
+            assert binding.inflight == {a.address: 1, b.address: 1}  # one on each replica
             killed_at = time.monotonic()
             a.signal(signal.SIGKILL)
             failed_after: list[float] = []
@@ -262,9 +280,9 @@ async def test_sigkill_mid_stream_fails_fast_and_survivor_takes_new_calls(tmp_pa
                     tg.start_soon(consume, s)
             assert len(failed_after) == 1 and failed_after[0] < 1.0
             for _ in range(4):
-                served = await stage.stream("ticks", Mark(count=1)).__anext__()
-                assert served == 0
-            assert all(len(c.calls) == 0 for c in conns)
+                async with stage.stream("ticks", Mark(count=1, seconds=0)) as items:
+                    assert [i async for i in items] == [0]
+            assert sum(binding.inflight.values()) == 0
 
 
 @pytest.mark.anyio
@@ -302,12 +320,12 @@ async def test_reconnects_when_the_worker_comes_back(tmp_path: Path) -> None:
             assert (await stage("who", Mark())).pid == first.pid
             first.signal(signal.SIGKILL)
             first.wait()
-            conn = rt.bindings["who"].connections[0]  # type: ignore[attr-defined]
-            await anyio.to_thread.run_sync(lambda: wait_for(lambda: not conn.alive, 3))
+            binding = rt.bindings["who"]
+            await anyio.to_thread.run_sync(lambda: wait_for(lambda: not binding.ready(), 3))
             with pytest.raises(bls.StageError, match="unavailable"):
                 await stage("who", Mark())
             with worker(f"{STAGES}:whoami", listen=address) as second:
-                await anyio.to_thread.run_sync(lambda: wait_for(lambda: conn.alive, 5))
+                await anyio.to_thread.run_sync(lambda: wait_for(binding.ready, 5))
                 assert (await stage("who", Mark())).pid == second.pid
 
 
@@ -325,10 +343,10 @@ async def test_slow_consumer_bounds_what_the_producer_runs_ahead(tmp_path: Path)
                     if consumed == 5:
                         await anyio.sleep(0.5)  # the producer is free-running meanwhile
                         ahead = _count(produced) - consumed
-                        assert ahead <= transport_client.WINDOW + 1
+                        assert ahead <= transport_stream.WINDOW + 1
                     if consumed == 40:
                         break
-            assert _count(produced) - consumed <= transport_client.WINDOW + 1
+            assert _count(produced) - consumed <= transport_stream.WINDOW + 1
 
 
 def _count(path: Path) -> int:

@@ -16,7 +16,7 @@ import bls
 from bls import stage
 from bls.bindings import InlineBinding
 from bls.transport import wire
-from bls.transport.worker import WorkerServer
+from bls.transport.worker_server import WorkerServer
 
 
 class Ping(bls.Message):

@@ -1,6 +1,6 @@
 """Remote stage calls vs a raw pyzmq DEALER/ROUTER + msgspec floor, side by side.
 
-    python bench/transport.py [--quick]
+    python bench/remote_calls.py [--quick]
 
 Starts real `bls worker` processes and a raw ROUTER echo server written here (the
 floor: a blocking loop that decodes and re-encodes with msgspec), then prints a table

@@ -1,7 +1,7 @@
 """`bls serve examples/chat/chat.py` against `vllm serve`, driven by vLLM's own benchmark
 client, on the same tiny model, engine settings and load.
 
-    python bench/openai.py [--rounds 3] [--concurrency 1 8 32] [--quick]
+    python bench/chat_endpoint.py [--rounds 3] [--concurrency 1 8 32] [--quick]
 
 Starts `vllm serve` (vLLM's OpenAI API server), `bls serve` of the chat example with the
 generator in process, and `bls serve` with the generator in a `bls worker`; all three stay

@@ -1,6 +1,6 @@
 """The same work in bls, Ray Serve and the Dynamo runtime, side by side in one run.
 
-    python bench/peers.py [--rounds 3] [--calls 3000] [--inflight 64]
+    python bench/compare_peers.py [--rounds 3] [--calls 3000] [--inflight 64]
 
 Two measurements each, every contender on this host:
 

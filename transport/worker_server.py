@@ -1,15 +1,15 @@
-"""The worker server behind ``bls worker``: serves one stage on a ZeroMQ ROUTER socket.
+"""The worker server: serves one stage on a ZeroMQ ROUTER socket (``bls worker``'s
+process around it is :mod:`.worker_process`, a call's own life :mod:`.worker_calls`).
 
-Each call runs in its own task under a cancel scope carrying the caller's absolute
-deadline, so a call stops on time even if the cancel frame never arrives. Calls are
-acknowledged to the caller (``Header.ack`` on every frame, or a coalesced ACK) so that
-a caller whose worker dies knows which calls may be retried elsewhere (never started)
-and which must fail (started).
+It reads frames, admits calls (limits, draining, a caller's wrong ``to``) and runs each
+on a lane (a reusable task). Calls are acknowledged to the caller (``Header.ack`` on
+every frame, or a coalesced ACK) so that a caller whose worker dies knows which calls may
+be retried elsewhere (never started) and which must fail (started). Callers that fall
+silent or stop reading are given up on, and their calls cancelled.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import secrets
@@ -21,44 +21,29 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import msgspec
-import sniffio
 import zmq
 
+from bls import loop
 from bls.bindings import InlineBinding
-from bls.errors import InvalidRequest, StageError
-from bls.lifecycle import Inflight, serve_until_signal
+from bls.errors import StageError
+from bls.lifecycle import Drain
 from bls.messages import json_schema
-from bls.scope import CallContext, RequestScope
-from bls.tracing import Span, Trace, encode_spans, outcome_of
+from bls.tracing import Trace
 
 from . import wire
 from .liveness import ticks
-from .sockets import AsyncSocket, park, unpark, until_unparked
+from .sockets import AsyncSocket
 from .wire import Header, Kind, WorkerInfo
+from .worker_calls import CallRunner, CallState, WorkerStats, undecodable
 
 __all__ = ["WorkerServer", "WorkerStats"]
 
 log = logging.getLogger("bls.worker")
 
 DEFAULT_CREDIT = 16
-SETTLE_S = 0.25  # after a drain, how long the socket stays open for the last replies
 # Messages queued for one caller that is not reading them; past this the caller is
 # presumed gone, its calls are cancelled and what is sent to it is dropped.
 SEND_QUEUE = 10_000
-
-
-class WorkerStats(msgspec.Struct):
-    """Counters a worker keeps; ``dropped`` counts malformed or unexpected frames."""
-
-    calls: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    deadline: int = 0
-    rejected: int = 0
-    dropped: int = 0
-    too_large: int = 0
-    read_stalls: int = 0  # input found waiting with no wake-up coming (and then read)
 
 
 class _Client(msgspec.Struct):
@@ -66,33 +51,6 @@ class _Client(msgspec.Struct):
     acked: int = 0  # highest call id acknowledged
     last_heard: float = 0.0
     inflight: int = 0  # its calls running now
-
-
-class _CallState:
-    __slots__ = (
-        "cancelled",
-        "client",
-        "credit",
-        "id",
-        "key",
-        "lost",
-        "scope",
-        "shutdown",
-        "trace",
-        "wake",
-    )
-
-    def __init__(self, client: bytes, call_id: int, credit: int) -> None:
-        self.client = client
-        self.id = call_id
-        self.key = (client, call_id)
-        self.credit = credit
-        self.wake: anyio.Event | None = None
-        self.scope: RequestScope | None = None
-        self.cancelled = False
-        self.lost = ""  # why the worker gave up on the caller, if it did
-        self.shutdown = False  # cut by the end of a drain
-        self.trace: Trace | None = None
 
 
 def type_path(tp: Any) -> str:
@@ -137,8 +95,8 @@ class WorkerServer:
         self.instance = secrets.token_hex(8)
         self._configure = configure_socket
         self._ctx = context or zmq.Context.instance()
-        self._calls: dict[tuple[bytes, int], _CallState] = {}
-        self._drain = Inflight(self._calls)
+        self._calls: dict[tuple[bytes, int], CallState] = {}
+        self._drain = Drain(self._calls)
         self._clients: dict[bytes, _Client] = {}
         self._given_up: dict[bytes, None] = {}  # callers given up on lately (to log once)
         self._sock: AsyncSocket | None = None
@@ -146,13 +104,12 @@ class WorkerServer:
         self._ack_wanted: anyio.Event | None = None
         # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
         # than the call itself for small requests. At most max_inflight lanes exist.
-        self._pending: collections.deque[tuple[_CallState, Any, float]] = collections.deque()
-        self._asyncio = True  # which loop serves calls (set by serve)
-        self._parked: list[Any] = []  # what each idle lane waits on (sockets.park)
+        self._pending: collections.deque[tuple[CallState, Any, float]] = collections.deque()
+        self._idle: list[loop.Waiter] = []  # what each idle lane waits on
         self._lanes = 0
         sig = binding.signature
         self._request = wire.Codec(sig.request)
-        self._response = wire.Codec()
+        self._runner = CallRunner(binding, stage, self.stats, self)
         self._info = WorkerInfo(
             protocol=wire.PROTOCOL,
             stage=stage,
@@ -190,9 +147,9 @@ class WorkerServer:
             sock.close(linger=0)
             raise OSError(f"cannot listen on {self.address}: {exc}") from None
         bound = self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._runner.replica = bound
         self._sock = AsyncSocket(sock, self._on_message, unroutable=self._unroutable)
         self._ack_wanted = anyio.Event()
-        self._asyncio = sniffio.current_async_library() == "asyncio"
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -242,21 +199,29 @@ class WorkerServer:
         header = Header(kind=kind, call=call_id, count=count, ack=ack, spans=spans)
         self._sock.send([client, wire.encode_header(header), *(body or (b"",))])
 
-    def _finish(self, state: _CallState, kind: int, body: list[Any] | None = None) -> None:
-        """Send a call's final frame, with its spans when the caller traces it."""
+    def _send_error(self, client: bytes, call_id: int, err: StageError) -> None:
+        """An ERROR frame for a call that was never taken (refused, undecodable)."""
+        info = wire.error_info(err)
+        self._send(client, Kind.ERROR, call_id, [wire.encode_error(info)])
+
+    # Replies: how the calls that run (.worker_calls) answer.
+
+    def data(self, state: CallState, body: list[Any]) -> None:
+        self._send(state.client, Kind.DATA, state.id, body)
+
+    def final(self, state: CallState, kind: int, body: list[Any] | None = None) -> None:
+        """A call's final frame, with its spans when the caller traces it."""
         spans = b""
         if state.trace is not None:
-            spans = encode_spans(state.trace.spans)
+            spans = wire.encode_spans(state.trace.spans)
         self._send(state.client, kind, state.id, body, spans=spans)
 
-    def _send_error(
-        self, client: bytes, call_id: int, err: StageError, state: _CallState | None = None
-    ) -> None:
-        info = wire.error_info(err)
-        if state is None:
-            self._send(client, Kind.ERROR, call_id, [wire.encode_error(info)])
-        else:
-            self._finish(state, Kind.ERROR, [wire.encode_error(info)])
+    def ended(self, state: CallState) -> None:
+        del self._calls[state.key]
+        peer = self._clients.get(state.client)
+        if peer is not None:
+            peer.inflight -= 1
+        self._drain.left()
 
     def _reject(self, client: bytes, call_id: int, kind: str, message: str) -> None:
         self.stats.rejected += 1
@@ -374,9 +339,9 @@ class WorkerServer:
             req = self._request.decode(rest[0], rest[1:])
         except Exception as exc:  # whatever the bytes were, the caller gets an answer
             self.stats.failed += 1
-            self._send_error(client, call_id, _undecodable(self.stage, exc))
+            self._send_error(client, call_id, undecodable(self.stage, exc))
             return
-        state = _CallState(client, call_id, header.count or DEFAULT_CREDIT)
+        state = CallState(client, call_id, header.count or DEFAULT_CREDIT)
         peer.inflight += 1
         if header.trace:
             state.trace = Trace(header.trace, self.stage)
@@ -389,21 +354,21 @@ class WorkerServer:
 
     def _wake_lane(self) -> bool:
         """Wake an idle lane; False if there is none."""
-        parked = self._parked
-        while parked:
-            if unpark(parked.pop()):  # else a lane cancelled while it waited
+        idle = self._idle
+        while idle:
+            if idle.pop().wake():  # else a lane cancelled while it waited
                 return True
         return False
 
     async def _lane(self) -> None:
         pending = self._pending
-        loop = asyncio.get_running_loop() if self._asyncio else None
+        backend = loop.backend()
         while True:
             while pending:
-                await self._run_call(*pending.popleft())
-            waiter = park(loop)
-            self._parked.append(waiter)
-            await until_unparked(waiter)
+                await self._runner.run(*pending.popleft())
+            waiter = backend.waiter()
+            self._idle.append(waiter)
+            await waiter.wait()
 
     def _on_cancel(self, client: bytes, header: Header) -> None:
         state = self._calls.get((client, header.call))
@@ -413,98 +378,6 @@ class WorkerServer:
         state.cancelled = True
         if state.scope is not None:
             state.scope.cancel()
-
-    # -- running calls ----------------------------------------------------------------
-
-    async def _run_call(self, state: _CallState, req: Any, deadline: float) -> None:
-        """Run one call in its request scope: the caller's deadline (``deadline``, epoch
-        seconds; 0: none) ends it, and its stage calls carry it and the caller's trace."""
-        client, call_id = state.client, state.id
-        trace, span = state.trace, None
-        if trace is not None:
-            # The worker's own span; its nested stage calls become its children.
-            span = trace.open(self.stage, 0, f"worker {self.binding.description}")
-            span.replica = self.address
-        scope = state.scope = RequestScope(
-            trace.id if trace is not None else "",
-            trace=trace,
-            span=span,
-            asyncio_loop=self._asyncio,
-        )
-        if deadline:
-            scope.expire_at(deadline)
-        if state.cancelled:
-            scope.cancel()
-        try:
-            async with scope:
-                try:
-                    if self.binding.signature.streaming:
-                        await self._stream(state, req, span, scope.ctx)
-                    else:
-                        result = await self.binding.call(req, scope.ctx)
-                        body = self._encode(result)
-                        _close(state, span, "ok")
-                        self._finish(state, Kind.END, body)
-                    self.stats.completed += 1
-                except StageError as err:
-                    self.stats.failed += 1
-                    log.warning(
-                        "stage %r: request %s: %s: %s",
-                        self.stage,
-                        scope.id or "-",
-                        err.kind,
-                        err.message,
-                    )
-                    _close(state, span, *outcome_of(err))
-                    self._send_error(client, call_id, err, state)
-            if scope.cancelled_caught:
-                if state.lost:
-                    self.stats.cancelled += 1
-                    kind, why = "unavailable", state.lost
-                elif state.shutdown:
-                    self.stats.cancelled += 1
-                    kind, why = "shutdown", "the worker shut down before the call ended"
-                elif state.cancelled:
-                    self.stats.cancelled += 1
-                    kind, why = "cancelled", "cancelled by the caller"
-                else:
-                    self.stats.deadline += 1
-                    kind, why = "deadline", "the call's deadline passed"
-                _close(state, span, kind)
-                # Acknowledges the cancel; the caller has usually moved on already.
-                self._send_error(client, call_id, StageError(self.stage, kind, why), state)
-        finally:
-            del self._calls[state.key]
-            peer = self._clients.get(client)
-            if peer is not None:
-                peer.inflight -= 1
-            self._drain.left()
-
-    def _encode(self, value: Any) -> list[Any]:
-        try:
-            return self._response.encode(value)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            why = f"cannot send the result: {exc}"
-            raise StageError(self.stage, "invalid_response", why) from None
-
-    async def _stream(
-        self, state: _CallState, req: Any, span: Span | None, ctx: CallContext
-    ) -> None:
-        items = self.binding.stream(req, ctx)
-        try:
-            async for item in items:
-                while state.credit <= 0:
-                    state.wake = anyio.Event()
-                    await state.wake.wait()
-                state.credit -= 1
-                self._send(state.client, Kind.DATA, state.id, self._encode(item))
-                if span is not None:
-                    span.items += 1
-        finally:
-            with anyio.CancelScope(shield=True):
-                await items.aclose()  # type: ignore[attr-defined]
-        _close(state, span, "ok")
-        self._finish(state, Kind.END)
 
     # -- housekeeping -----------------------------------------------------------------
 
@@ -565,125 +438,3 @@ class WorkerServer:
             if state.scope is not None:
                 state.scope.cancel()
         self._clients.pop(client, None)
-
-
-def _undecodable(stage: str, exc: Exception) -> InvalidRequest:
-    """The answer to a call whose payload could not be decoded."""
-    if isinstance(exc, (msgspec.ValidationError, msgspec.DecodeError)):
-        return InvalidRequest.from_validation(stage, exc)
-    if isinstance(exc, RecursionError):
-        return InvalidRequest(stage, "the request is nested too deeply", mismatch=True)
-    return InvalidRequest(stage, f"the request cannot be decoded: {exc}", mismatch=True)
-
-
-def _close(state: _CallState, span: Span | None, outcome: str, kind: str = "") -> None:
-    if span is not None and state.trace is not None and not span.end:
-        state.trace.close(span, outcome, kind)
-
-
-async def run_worker(
-    binding: InlineBinding,
-    address: str,
-    *,
-    runtime: Any,
-    stage: str,
-    strict_name: bool,
-    max_inflight: int,
-    grace: float,
-    settings: Any,
-    max_inflight_per_caller: int | None = None,
-    curve_secret: str | None = None,
-    curve_allow: str | None = None,
-    register_at: str | None = None,
-    advertise: str | None = None,
-    namespace: str = "bls",
-    on_ready: Callable[[str, list[str]], None] = lambda addr, _: print(f"ready {addr}", flush=True),
-) -> int:
-    """``bls worker``: set up, serve until SIGTERM/SIGINT, drain for ``grace`` s, exit.
-    ``on_ready(address, unreachable)`` is told the address and the stages (of a script
-    served as a stage) not reachable yet."""
-    from .keys import server_curve
-
-    authenticator = None
-    ctx: zmq.Context[Any] = zmq.Context.instance()
-    if curve_secret:
-        from zmq.auth.thread import ThreadAuthenticator
-
-        authenticator = ThreadAuthenticator(ctx)
-        authenticator.start()
-        authenticator.configure_curve(domain="*", location=curve_allow or zmq.auth.CURVE_ALLOW_ANY)
-
-    def configure(sock: zmq.Socket[Any]) -> None:
-        if curve_secret:
-            server_curve(sock, curve_secret)
-
-    try:
-        async with runtime:
-            log.info("stage %r: setting up %s", stage, binding.description)
-            started = time.monotonic()
-            await binding.start()
-            log.info("stage %r: set up in %.2fs", stage, time.monotonic() - started)
-            server = WorkerServer(
-                binding,
-                address,
-                stage=stage,
-                strict_name=strict_name,
-                max_inflight=max_inflight,
-                max_inflight_per_caller=max_inflight_per_caller,
-                max_frame_bytes=settings.max_frame_bytes,
-                heartbeat_s=settings.heartbeat_s,
-                dead_after_s=settings.caller_dead_after_s,
-                configure_socket=configure,
-            )
-            try:
-
-                async def stop(tg: anyio.abc.TaskGroup) -> None:
-                    # Keep reading a moment while the last replies reach their callers:
-                    # closing a socket with unread input resets the TCP connection, and a
-                    # reset can discard what the caller has not read yet.
-                    await anyio.sleep(SETTLE_S)
-                    tg.cancel_scope.cancel()
-
-                registration: Any = None
-
-                async def serve(*, task_status: anyio.abc.TaskStatus[str]) -> None:
-                    nonlocal registration
-                    async with anyio.create_task_group() as tg:
-                        bound = await tg.start(server.serve)
-                        if register_at:
-                            # Serving does not wait for etcd: it registers when it can.
-                            from .discovery import Etcd, Registration
-
-                            registration = Registration(
-                                Etcd(register_at), namespace, stage, advertise or bound,
-                                server.instance,
-                            )  # fmt: skip
-                            tg.start_soon(registration.run)
-                        task_status.started(bound)
-
-                async def leave() -> None:
-                    if registration is not None:
-                        await registration.withdraw()
-                        await registration.etcd.aclose()
-
-                await serve_until_signal(
-                    server,
-                    serve,
-                    grace=grace,
-                    what=f"stage {stage!r}",
-                    noun="call(s)",
-                    on_ready=lambda address: on_ready(address, runtime.unreachable()),
-                    stop=stop,
-                    before_drain=leave,
-                )
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await binding.aclose()
-    finally:
-        if authenticator is not None:
-            authenticator.stop()
-        # The process exits next, and with it libzmq's threads: replies still queued in
-        # closed sockets (a drain's last results) must go out first, within the linger.
-        ctx.destroy(linger=1000)
-    log.info("stage %r: stopped (%s)", stage, msgspec.json.encode(server.stats).decode())
-    return 0

@@ -1,6 +1,6 @@
 """Model workers: vLLM through bls vs vLLM directly, dynamic batching, the stage cache.
 
-    python bench/models.py [--quick] [--only vllm|batching|cache]
+    python bench/model_stages.py [--quick] [--only vllm|batching|cache]
 
 - vLLM: the tiny model (bls.models.tiny), 16 concurrent streams x 128 tokens, driven by
   vLLM's AsyncLLM directly, then through a bls runtime with the same engine inline, then

@@ -13,10 +13,10 @@ from .entry import Script, entries
 from .paths import missing
 from .runtime import Runtime
 
-__all__ = ["App"]
+__all__ = ["ScriptFile"]
 
 
-class App:
+class ScriptFile:
     """A script module, its entrypoints, and the bindings its configuration asks for.
 
     Loading imports the script and the inline targets (no worker set-up); the stage

@@ -1,0 +1,97 @@
+"""The backend seam (bls/loop.py), on asyncio and trio: a waiter wakes its one task, a
+deadline armed through the seam ends a scope and one removed does not, a watcher runs
+late and stops, and the shared timers fire in order, never early."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from bls import loop
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_waiter_wakes_its_task_and_says_when_it_was_cancelled() -> None:
+    backend = loop.backend()
+    waiter = backend.waiter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter.wait)
+        await anyio.sleep(0.01)  # it waits now
+        assert waiter.wake()
+    if backend.name == "asyncio":  # a future cancelled with its task cannot be woken
+        gone = backend.waiter()
+        with anyio.move_on_after(0.01):
+            await gone.wait()
+        assert not gone.wake()
+
+
+async def test_a_deadline_through_the_seam_ends_its_scope_and_a_removed_one_does_not() -> None:
+    backend = loop.backend()
+    with anyio.CancelScope() as scope:
+        backend.expire(scope, backend.now() + 0.01, scope.cancel)
+        await anyio.sleep(5)
+    assert scope.cancelled_caught
+    with anyio.CancelScope() as kept:
+        handle = backend.expire(kept, backend.now() + 0.01, kept.cancel)
+        backend.unexpire(kept, handle, kept.cancel)
+        await anyio.sleep(0.05)
+    assert not kept.cancelled_caught
+
+
+async def test_a_watcher_starts_late_and_stops_when_told() -> None:
+    backend = loop.backend()
+    ran: list[str] = []
+    started = anyio.Event()
+
+    async def watcher() -> None:
+        ran.append("started")
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ran.append("stopped")
+
+    stop = backend.watch(watcher, after=0.01)
+    with anyio.fail_after(5):
+        await started.wait()
+    stop()
+    await anyio.sleep(0.01)
+    assert ran == ["started", "stopped"]
+    never = backend.watch(watcher, after=10)
+    never()  # stopped before it started: it never starts
+    await anyio.sleep(0.01)
+    assert ran == ["started", "stopped"]
+
+
+def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:
+    async def main() -> None:
+        running = asyncio.get_running_loop()
+        wheel = loop.Timers(running)
+        fired: list[tuple[str, float]] = []
+        done = asyncio.Event()
+        start = running.time()
+
+        def at(name: str) -> Callable[[], None]:
+            def fn() -> None:
+                fired.append((name, running.time()))
+                if name == "last":
+                    done.set()
+
+            return fn
+
+        late, early, gone = at("late"), at("early"), at("gone")
+        wheel.add(start + 0.03, late)
+        wheel.add(start + 0.01, early)  # sooner than what the loop timer is armed for
+        key = wheel.add(start + 0.02, gone)
+        wheel.add(start + 0.05, at("last"))
+        wheel.remove(key, gone)
+        await asyncio.wait_for(done.wait(), 5)
+        assert [name for name, _ in fired] == ["early", "late", "last"]
+        wanted = {"early": 0.01, "late": 0.03, "last": 0.05}
+        assert all(when >= start + wanted[name] for name, when in fired)
+
+    asyncio.run(main())
