@@ -1,46 +1,35 @@
-"""The ``bls`` command: ``run``, ``check``, ``worker``, ``serve``, ``keygen``, ``bench``.
+"""The ``bls`` command's parser: ``run``, ``check``, ``worker``, ``serve``, ``keygen``,
+``bench``, every flag with its range and its help; the handlers are :mod:`bls.commands`.
 
-Every failure a user can cause prints one ``error: ...`` line on stderr and exits 1;
-tracebacks are for bugs (``--traceback``, on every command, or ``BLS_TRACEBACK=1`` shows
-them). Stdout carries results only: JSON lines from ``run``, ``ready`` lines from
-``serve``/``worker``; anything else written there (library progress bars, C-level prints,
-child processes) is sent to stderr by :func:`claim_stdout`.
+Every failure a user can cause prints one ``error: ...`` line on stderr and exits 1 (a flag
+out of its range is argparse's usage line, exit 2); tracebacks are for bugs
+(``--traceback``, on every command, or ``BLS_TRACEBACK=1`` shows them). Stdout carries
+results only: JSON lines from ``run``, ``ready`` lines from ``serve``/``worker``; anything
+else written there (library progress bars, C-level prints, child processes) is sent to
+stderr by :func:`bls.console.claim_stdout`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import anyio
-import msgspec
-
 from . import __version__, commands
 from .config import ConfigError
-from .console import (
-    UsageError,
-    add_backend_arg,
-    add_binding_args,
-    add_common_args,
-    add_connect_timeout_arg,
-    add_discovery_args,
-    add_verbose_arg,
-    apply_connect_timeout,
-    apply_discovery,
-    claim_stdout,
-    emit,
-    read_input,
-    seconds,
-    setup_logging,
-)
+from .console import UsageError
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .runtime import BindingError
 
 __all__ = ["main"]
+
+BACKENDS = ("asyncio", "trio")
+MAX_INFLIGHT = 1_000_000  # calls or requests at once: more is a typo, not a plan
+MAX_FRAME_BYTES = 2**62  # what ZeroMQ's message size limit (a signed 64-bit) takes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bls {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_run, _check, _worker, _serve, _keygen, _bench):
+        add(sub)
+    return parser
 
+
+def _run(sub: Any) -> None:
     run = sub.add_parser(
         "run",
         help="run one request through a script",
@@ -83,7 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     add_backend_arg(run)
     add_connect_timeout_arg(run, "then the run fails naming the stage")
     add_discovery_args(run)
+    run.set_defaults(handler=commands.run)
 
+
+def _check(sub: Any) -> None:
     check = sub.add_parser(
         "check",
         help="check that every stage a script uses is bound and type-compatible",
@@ -94,63 +91,351 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("script", help="path to the script file")
     add_common_args(check)
     add_binding_args(check)
-
-    for register in commands.PARSERS:
-        register(sub)
-    return parser
+    check.set_defaults(handler=commands.check)
 
 
-def _write_line(value: Any) -> None:
-    emit(msgspec.json.encode(value))
+def _worker(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="serve one stage over ZeroMQ",
+        description="Serve TARGET (module:attr, file.py:attr, a bls.Worker, or a script "
+        "entrypoint) as a remote stage. Prints 'ready ADDR' once it accepts calls; on "
+        "SIGTERM/SIGINT it stops accepting, lets in-flight calls finish within --grace, "
+        "then exits 0.",
+    )
+    p.add_argument("target", help="what to serve: module:attr or path/file.py:attr")
+    p.add_argument(
+        "--listen",
+        required=True,
+        metavar="ADDR",
+        help="tcp://HOST:PORT (port 0 picks a free one) or ipc:///path",
+    )
+    p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
+    p.add_argument(
+        "--max-inflight-per-caller",
+        type=count(1, MAX_INFLIGHT),
+        metavar="N",
+        help="calls one caller may have running at once (default: --max-inflight)",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=count(1, MAX_INFLIGHT),
+        default=256,
+        metavar="N",
+        help="calls served at once, 1 to 1000000; more are refused as 'overloaded' (default 256)",
+    )
+    p.add_argument(
+        "--grace",
+        type=seconds(),
+        default=10.0,
+        metavar="S",
+        help="seconds in-flight calls get to finish on SIGTERM; 0 cancels them at once "
+        "(default 10)",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="worker option (validated against the worker's Options type)",
+    )
+    p.add_argument(
+        "--curve-secret",
+        metavar="FILE",
+        help="serve with CURVE encryption using this secret key (bls keygen)",
+    )
+    p.add_argument(
+        "--curve-allow",
+        metavar="DIR",
+        help="with --curve-secret: only accept callers whose public key is in DIR",
+    )
+    p.add_argument(
+        "--max-frame-bytes",
+        type=count(1, MAX_FRAME_BYTES),
+        metavar="N",
+        help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_verbose_arg(p)
+    add_common_args(p)
+    add_binding_args(p)
+    add_connect_timeout_arg(p, "the worker starts anyway and takes the stage once one answers")
+    add_discovery_args(p, worker=True)
+    add_backend_arg(p)
+    p.set_defaults(handler=commands.worker)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from .scriptfile import ScriptFile
+def _serve(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a script over HTTP",
+        description="Serve SCRIPT's entrypoints over HTTP: POST /v1/scripts/ENTRY (JSON in; "
+        "JSON, SSE or NDJSON out), POST /v1/chat/completions for an entry declared "
+        "openai='chat', GET /v1/scripts, /openapi.json, /health, /ready, /metrics and "
+        "/debug/requests. It waits up to --connect-timeout for each remote stage before it "
+        "prints 'ready URL', and starts even if one has no replica yet: /ready answers 503 "
+        "naming it, and its calls fail fast with 503, until a replica answers. On "
+        "SIGTERM/SIGINT it stops accepting, lets in-flight requests finish within --grace, "
+        "then exits 0.",
+    )
+    p.add_argument("script", help="path to the script file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--port",
+        type=count(0, 65535),
+        default=8000,
+        help="port to listen on; 0 picks a free one (default 8000)",
+    )
+    _serve_limits(p)
+    p.add_argument(
+        "--server",
+        choices=["auto", "uvicorn", "hypercorn"],
+        default="auto",
+        help="HTTP server (default: uvicorn on asyncio, hypercorn on trio)",
+    )
+    p.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another model name the chat route answers to (repeatable); a request naming "
+        "a model not served is answered 404, as vllm serve does",
+    )
+    p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_verbose_arg(p)
+    add_common_args(p)
+    add_binding_args(p)
+    add_connect_timeout_arg(p, "the server starts anyway (see above)")
+    add_discovery_args(p)
+    add_backend_arg(p)
+    p.set_defaults(handler=commands.serve)
 
-    claim_stdout()
-    setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
-    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
-    apply_connect_timeout(app.config, args.connect_timeout)
-    apply_discovery(app.config, args)
-    entry = app.entry(args.entry)
-    req = entry.decode(read_input(args.input))
 
-    async def main() -> None:
-        async with app.runtime() as rt:
-            if entry.streaming:
-                async with rt.run_stream(entry, req, timeout=args.timeout) as items:
-                    async for item in items:
-                        _write_line(item)
-            else:
-                _write_line(await rt.run(entry, req, timeout=args.timeout))
+def _serve_limits(p: argparse.ArgumentParser) -> None:
+    """``bls serve``'s bounds on each request and on the server."""
+    p.add_argument(
+        "--max-inflight",
+        type=count(1, MAX_INFLIGHT),
+        default=64,
+        metavar="N",
+        help="requests handled at once, 1 to 1000000; more are answered 429 with "
+        "Retry-After (default 64)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=seconds(zero_is_none=True),
+        default=300.0,
+        metavar="S",
+        help="deadline of every request, and the most an X-Request-Timeout header may ask "
+        "for (default 300; 0 = none)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=seconds(zero_is_none=True),
+        default=10.0,
+        metavar="S",
+        help="seconds a request body may take to arrive; a slower one gets 408 (default 10; "
+        "0 = no bound but the request's deadline)",
+    )
+    p.add_argument(
+        "--grace",
+        type=seconds(),
+        default=30.0,
+        metavar="S",
+        help="seconds in-flight requests get to finish on SIGTERM; 0 cancels them at once "
+        "(default 30)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=count(1),
+        default=16 * 1024 * 1024,
+        metavar="N",
+        help="largest request body accepted; larger ones get 413 (default 16 MiB)",
+    )
+    p.add_argument(
+        "--trace-keep",
+        type=count(0),
+        default=100,
+        metavar="N",
+        help="recent requests whose stage timelines /debug/requests keeps (default 100)",
+    )
 
-    anyio.run(main, backend=args.backend)
-    return 0
+
+def _keygen(sub: Any) -> None:
+    p = sub.add_parser(
+        "keygen",
+        help="write a CURVE key pair",
+        description="Write NAME.key (public: give it to peers) and NAME.key_secret (keep it) "
+        "into DIR.",
+    )
+    p.add_argument("name", help="key name, e.g. worker or client")
+    p.add_argument("--dir", default=".", help="where to write the files (default: .)")
+    add_common_args(p)
+    p.set_defaults(handler=commands.keygen)
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    from .scriptfile import ScriptFile
+def _bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="load-test a served script or the chat endpoint",
+        description="Send the same request to a bls serve endpoint over N keep-alive "
+        "connections and report requests/s, latency percentiles, a stream's time to its "
+        "first item, and errors by status and kind. A progress bar goes to stderr; the "
+        "summary (a table, or JSON with --json) to stdout.",
+    )
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--entry", metavar="NAME", help="the script entry (POST /v1/scripts/NAME)")
+    p.add_argument(
+        "--chat", action="store_true", help="POST to /v1/chat/completions instead of an entry"
+    )
+    p.add_argument("--input", metavar="JSON|@FILE", help="the request body (default: read stdin)")
+    p.add_argument(
+        "--concurrency",
+        "-c",
+        type=count(1, 10_000),
+        default=1,
+        metavar="N",
+        help="connections, 1 to 10000 (default 1)",
+    )
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument(
+        "--requests",
+        "-n",
+        type=count(1),
+        metavar="M",
+        help="requests in all (default 100)",
+    )
+    amount.add_argument(
+        "--duration", "-d", type=seconds(positive=True), metavar="S", help="seconds to run"
+    )
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help='ask for a stream (Accept: text/event-stream; with --chat, "stream": true) '
+        "and measure the time to its first item",
+    )
+    p.add_argument("--plot", metavar="FILE.png", help="draw latency over time and its histogram")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_common_args(p)
+    p.set_defaults(handler=commands.bench)
 
-    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
 
-    async def main() -> list[str]:
-        rt = app.runtime()
+# -- flags several commands share --------------------------------------------------
+
+
+def add_verbose_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show everything libraries and engines print, their known-harmless warnings "
+        "included (also: BLS_VERBOSE=1)",
+    )
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """What every command takes."""
+    p.add_argument(
+        "--traceback",
+        action="store_true",
+        help="show the full traceback of an error (also: BLS_TRACEBACK=1)",
+    )
+
+
+def add_binding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bind",
+        action="append",
+        default=[],
+        metavar="NAME=TARGET",
+        help="bind a stage: module:attr, file.py:attr, or tcp://HOST:PORT[,tcp://...] "
+        "(repeatable; wins over bls.toml and --config)",
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="a bls.toml to apply over the one beside the script"
+    )
+
+
+def add_connect_timeout_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--connect-timeout",
+        type=seconds(positive=True),
+        metavar="S",
+        help=f"how long to wait for each remote stage's first replica to answer; {what} "
+        "(default: [transport] connect_timeout_s in bls.toml, 5)",
+    )
+
+
+def add_discovery_args(p: argparse.ArgumentParser, *, worker: bool = False) -> None:
+    what = (
+        "register this worker in etcd (etcd://HOST:2379) under its stage name; also where "
+        "its own stages bound to etcd:NAME are found"
+        if worker
+        else 'etcd://HOST:2379, where stages bound to etcd:NAME (or discover = "NAME" in '
+        "bls.toml) find their workers"
+    )
+    p.add_argument("--discovery", metavar="URL", help=what)
+    p.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="the etcd namespace: keys under /NS/stages/ (default: bls)",
+    )
+    if worker:
+        p.add_argument(
+            "--advertise",
+            metavar="ADDR",
+            help="the address callers reach this worker at, as registered in etcd "
+            "(default: the --listen address, unless it listens on all interfaces)",
+        )
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
+    )
+
+
+# Numbers: each flag's range is checked as it is parsed, so a value out of range is
+# refused at start-up (argparse's usage line, exit 2) naming the flag, never found out at
+# the first request.
+
+
+def seconds(*, zero_is_none: bool = False, positive: bool = False) -> Callable[[str], float | None]:
+    """A number of seconds: finite or ``inf``, never negative or NaN. ``zero_is_none``:
+    0 means no limit (None); ``positive``: 0 is refused."""
+
+    def parse(text: str) -> float | None:
         try:
-            return await rt.open()
-        finally:
-            await rt.aclose()
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isnan(value) or value < 0 or (positive and value == 0):
+            least = "more than 0" if positive else "0 or more"
+            raise argparse.ArgumentTypeError(f"expected {least} seconds, got {text!r}")
+        if zero_is_none and value == 0:
+            return None
+        return value
 
-    problems = anyio.run(main)
-    if problems:
-        for problem in problems:
-            print(f"error: {problem}", file=sys.stderr)
-        return 1
-    names = sorted({u.name for u in app.uses} | set(app.bindings))
-    emit(f"ok: {len(app.entries)} entrypoint(s), {len(names)} stage(s) bound: {', '.join(names)}")
-    return 0
+    return parse
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"run": _cmd_run, "check": _cmd_check}
+def count(least: int, most: int | None = None) -> Callable[[str], int]:
+    """A whole number from ``least`` to ``most`` (no upper bound when None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least or (most is not None and value > most):
+            wanted = f"from {least} to {most}" if most is not None else f"{least} or more"
+            raise argparse.ArgumentTypeError(f"expected a whole number {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+# -- running a command ---------------------------------------------------------------
 
 
 def _describe_error(exc: BaseException) -> str | None:
@@ -184,7 +469,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    handler = _COMMANDS.get(args.command) or args.handler
+    handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return int(handler(args) or 0)
     except KeyboardInterrupt:

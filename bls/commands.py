@@ -1,6 +1,6 @@
-"""The commands that live beside their subsystems: ``worker``, ``serve``, ``keygen``.
-
-:data:`PARSERS` add their parsers to the ``bls`` command (:mod:`bls.cli`).
+"""What each ``bls`` command does, once :mod:`bls.cli` has parsed its flags: ``run``,
+``check``, ``worker``, ``serve``, ``keygen``, ``bench``. Each takes the parsed arguments
+and returns the exit status.
 """
 
 from __future__ import annotations
@@ -9,109 +9,69 @@ import argparse
 import importlib.util
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
-from . import console
-from .config import ConfigError
+from .config import Config, ConfigError
+from .console import claim_stdout, emit, read_input, ready_line, setup_logging
 
-MAX_INFLIGHT = 1_000_000  # calls or requests at once: more is a typo, not a plan
-MAX_FRAME_BYTES = 2**62  # what ZeroMQ's message size limit (a signed 64-bit) takes
+__all__ = ["bench", "check", "keygen", "run", "serve", "worker"]
 
 
-def _parse_options(specs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; VALUE is JSON when it parses as JSON, else a string."""
-    options: dict[str, Any] = {}
-    for spec in specs:
-        key, sep, raw = spec.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--option {spec!r}: expected KEY=VALUE")
+def run(args: argparse.Namespace) -> int:
+    """``bls run``: one request through a script; its result (or items) as JSON lines."""
+    from .scriptfile import ScriptFile
+
+    claim_stdout()
+    setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
+    _apply_connect_timeout(app.config, args.connect_timeout)
+    _apply_discovery(app.config, args)
+    entry = app.entry(args.entry)
+    req = entry.decode(read_input(args.input))
+
+    async def main() -> None:
+        async with app.runtime() as rt:
+            if entry.streaming:
+                async with rt.run_stream(entry, req, timeout=args.timeout) as items:
+                    async for item in items:
+                        _write_line(item)
+            else:
+                _write_line(await rt.run(entry, req, timeout=args.timeout))
+
+    anyio.run(main, backend=args.backend)
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """``bls check``: every stage bound, in the right mode, with fitting types (1 if not)."""
+    from .scriptfile import ScriptFile
+
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
+
+    async def main() -> list[str]:
+        rt = app.runtime()
         try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
+            return await rt.open()
+        finally:
+            await rt.aclose()
+
+    problems = anyio.run(main)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+    names = sorted({u.name for u in app.uses} | set(app.bindings))
+    emit(f"ok: {len(app.entries)} entrypoint(s), {len(names)} stage(s) bound: {', '.join(names)}")
+    return 0
 
 
-# -- bls worker ------------------------------------------------------------------------
-
-
-def _add_worker(sub: Any) -> None:
-    p = sub.add_parser(
-        "worker",
-        help="serve one stage over ZeroMQ",
-        description="Serve TARGET (module:attr, file.py:attr, a bls.Worker, or a script "
-        "entrypoint) as a remote stage. Prints 'ready ADDR' once it accepts calls; on "
-        "SIGTERM/SIGINT it stops accepting, lets in-flight calls finish within --grace, "
-        "then exits 0.",
-    )
-    p.add_argument("target", help="what to serve: module:attr or path/file.py:attr")
-    p.add_argument(
-        "--listen",
-        required=True,
-        metavar="ADDR",
-        help="tcp://HOST:PORT (port 0 picks a free one) or ipc:///path",
-    )
-    p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
-    p.add_argument(
-        "--max-inflight-per-caller",
-        type=console.count(1, MAX_INFLIGHT),
-        metavar="N",
-        help="calls one caller may have running at once (default: --max-inflight)",
-    )
-    p.add_argument(
-        "--max-inflight",
-        type=console.count(1, MAX_INFLIGHT),
-        default=256,
-        metavar="N",
-        help="calls served at once, 1 to 1000000; more are refused as 'overloaded' (default 256)",
-    )
-    p.add_argument(
-        "--grace",
-        type=console.seconds(),
-        default=10.0,
-        metavar="S",
-        help="seconds in-flight calls get to finish on SIGTERM; 0 cancels them at once "
-        "(default 10)",
-    )
-    p.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="worker option (validated against the worker's Options type)",
-    )
-    p.add_argument(
-        "--curve-secret",
-        metavar="FILE",
-        help="serve with CURVE encryption using this secret key (bls keygen)",
-    )
-    p.add_argument(
-        "--curve-allow",
-        metavar="DIR",
-        help="with --curve-secret: only accept callers whose public key is in DIR",
-    )
-    p.add_argument(
-        "--max-frame-bytes",
-        type=console.count(1, MAX_FRAME_BYTES),
-        metavar="N",
-        help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
-    )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    console.add_verbose_arg(p)
-    console.add_common_args(p)
-    console.add_binding_args(p)
-    console.add_connect_timeout_arg(
-        p, "the worker starts anyway and takes the stage once one answers"
-    )
-    console.add_discovery_args(p, worker=True)
-    console.add_backend_arg(p)
-    p.set_defaults(handler=_cmd_worker)
-
-
-def _cmd_worker(args: argparse.Namespace) -> int:
+def worker(args: argparse.Namespace) -> int:
+    """``bls worker``: serve one stage over ZeroMQ until SIGTERM/SIGINT."""
     from bls.transport.worker_process import WorkerOptions, run_worker
 
     from .bindings import InlineBinding, load_target
@@ -120,8 +80,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from .entry import Script
     from .runtime import Runtime
 
-    console.claim_stdout()
-    console.setup_logging(args.log_level, verbose=args.verbose)
+    claim_stdout()
+    setup_logging(args.log_level, verbose=args.verbose)
     if args.curve_allow and not args.curve_secret:
         raise ConfigError("--curve-allow needs --curve-secret")
     if args.advertise and not args.discovery:
@@ -150,8 +110,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     config = load_config(script_file, args.config, args.bind)
     if args.max_frame_bytes is not None:
         config.transport.max_frame_bytes = args.max_frame_bytes
-    console.apply_connect_timeout(config, args.connect_timeout)
-    console.apply_discovery(config, args)
+    _apply_connect_timeout(config, args.connect_timeout)
+    _apply_discovery(config, args)
     declared = typed_handles(binding.script_module) if isinstance(obj, Script) else []
     runtime = Runtime(make_bindings(config), declared=declared, start_unreachable=True)
     options = WorkerOptions(
@@ -172,121 +132,27 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             args.listen,
             options,
             runtime=runtime,
-            on_ready=lambda address, down: console.emit(console.ready_line(address, down)),
+            on_ready=lambda address, down: emit(ready_line(address, down)),
         ),
         backend=args.backend,
     )
 
 
-# -- bls serve -------------------------------------------------------------------------
-
-
-def _add_serve(sub: Any) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="serve a script over HTTP",
-        description="Serve SCRIPT's entrypoints over HTTP: POST /v1/scripts/ENTRY (JSON in; "
-        "JSON, SSE or NDJSON out), POST /v1/chat/completions for an entry declared "
-        "openai='chat', GET /v1/scripts, /openapi.json, /health, /ready, /metrics and "
-        "/debug/requests. It waits up to --connect-timeout for each remote stage before it "
-        "prints 'ready URL', and starts even if one has no replica yet: /ready answers 503 "
-        "naming it, and its calls fail fast with 503, until a replica answers. On "
-        "SIGTERM/SIGINT it stops accepting, lets in-flight requests finish within --grace, "
-        "then exits 0.",
-    )
-    p.add_argument("script", help="path to the script file")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument(
-        "--port",
-        type=console.count(0, 65535),
-        default=8000,
-        help="port to listen on; 0 picks a free one (default 8000)",
-    )
-    p.add_argument(
-        "--max-inflight",
-        type=console.count(1, MAX_INFLIGHT),
-        default=64,
-        metavar="N",
-        help="requests handled at once, 1 to 1000000; more are answered 429 with "
-        "Retry-After (default 64)",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=console.seconds(zero_is_none=True),
-        default=300.0,
-        metavar="S",
-        help="deadline of every request, and the most an X-Request-Timeout header may ask "
-        "for (default 300; 0 = none)",
-    )
-    p.add_argument(
-        "--body-timeout",
-        type=console.seconds(zero_is_none=True),
-        default=10.0,
-        metavar="S",
-        help="seconds a request body may take to arrive; a slower one gets 408 (default 10; "
-        "0 = no bound but the request's deadline)",
-    )
-    p.add_argument(
-        "--grace",
-        type=console.seconds(),
-        default=30.0,
-        metavar="S",
-        help="seconds in-flight requests get to finish on SIGTERM; 0 cancels them at once "
-        "(default 30)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=console.count(1),
-        default=16 * 1024 * 1024,
-        metavar="N",
-        help="largest request body accepted; larger ones get 413 (default 16 MiB)",
-    )
-    p.add_argument(
-        "--trace-keep",
-        type=console.count(0),
-        default=100,
-        metavar="N",
-        help="recent requests whose stage timelines /debug/requests keeps (default 100)",
-    )
-    p.add_argument(
-        "--server",
-        choices=["auto", "uvicorn", "hypercorn"],
-        default="auto",
-        help="HTTP server (default: uvicorn on asyncio, hypercorn on trio)",
-    )
-    p.add_argument(
-        "--model-alias",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="another model name the chat route answers to (repeatable); a request naming "
-        "a model not served is answered 404, as vllm serve does",
-    )
-    p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    console.add_verbose_arg(p)
-    console.add_common_args(p)
-    console.add_binding_args(p)
-    console.add_connect_timeout_arg(p, "the server starts anyway (see above)")
-    console.add_discovery_args(p)
-    console.add_backend_arg(p)
-    p.set_defaults(handler=_cmd_serve)
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
+def serve(args: argparse.Namespace) -> int:
+    """``bls serve``: serve a script over HTTP until SIGTERM/SIGINT."""
     from .scriptfile import ScriptFile
     from .serve.intake import Limits
     from .serve.server import serve
 
-    console.claim_stdout()
-    console.setup_logging(args.log_level, verbose=args.verbose)
+    claim_stdout()
+    setup_logging(args.log_level, verbose=args.verbose)
     if args.no_access_log:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
     app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
-    console.apply_connect_timeout(app.config, args.connect_timeout)
-    console.apply_discovery(app.config, args)
+    _apply_connect_timeout(app.config, args.connect_timeout)
+    _apply_discovery(app.config, args)
     limits = Limits(
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout,
@@ -306,88 +172,61 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             limits,
             server=args.server,
             model_aliases=args.model_alias,
-            on_ready=lambda url, down: console.emit(console.ready_line(url, down)),
+            on_ready=lambda url, down: emit(ready_line(url, down)),
         ),
         backend=args.backend,
         backend_options=options,
     )
 
 
-# -- bls keygen ------------------------------------------------------------------------
-
-
-def _add_keygen(sub: Any) -> None:
-    p = sub.add_parser(
-        "keygen",
-        help="write a CURVE key pair",
-        description="Write NAME.key (public: give it to peers) and NAME.key_secret (keep it) "
-        "into DIR.",
-    )
-    p.add_argument("name", help="key name, e.g. worker or client")
-    p.add_argument("--dir", default=".", help="where to write the files (default: .)")
-    console.add_common_args(p)
-    p.set_defaults(handler=_cmd_keygen)
-
-
-def _cmd_keygen(args: argparse.Namespace) -> int:
+def keygen(args: argparse.Namespace) -> int:
+    """``bls keygen``: write a CURVE key pair."""
     from bls.transport.keys import generate
 
     public, secret = generate(args.dir, args.name)
-    console.emit(f"public {public}")
-    console.emit(f"secret {secret}")
+    emit(f"public {public}")
+    emit(f"secret {secret}")
     return 0
 
 
-def _add_bench(sub: Any) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="load-test a served script or the chat endpoint",
-        description="Send the same request to a bls serve endpoint over N keep-alive "
-        "connections and report requests/s, latency percentiles, a stream's time to its "
-        "first item, and errors by status and kind. A progress bar goes to stderr; the "
-        "summary (a table, or JSON with --json) to stdout.",
-    )
-    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--entry", metavar="NAME", help="the script entry (POST /v1/scripts/NAME)")
-    p.add_argument(
-        "--chat", action="store_true", help="POST to /v1/chat/completions instead of an entry"
-    )
-    p.add_argument("--input", metavar="JSON|@FILE", help="the request body (default: read stdin)")
-    p.add_argument(
-        "--concurrency",
-        "-c",
-        type=console.count(1, 10_000),
-        default=1,
-        metavar="N",
-        help="connections, 1 to 10000 (default 1)",
-    )
-    amount = p.add_mutually_exclusive_group()
-    amount.add_argument(
-        "--requests",
-        "-n",
-        type=console.count(1),
-        metavar="M",
-        help="requests in all (default 100)",
-    )
-    amount.add_argument(
-        "--duration", "-d", type=console.seconds(positive=True), metavar="S", help="seconds to run"
-    )
-    p.add_argument(
-        "--stream",
-        action="store_true",
-        help='ask for a stream (Accept: text/event-stream; with --chat, "stream": true) '
-        "and measure the time to its first item",
-    )
-    p.add_argument("--plot", metavar="FILE.png", help="draw latency over time and its histogram")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    console.add_common_args(p)
-    p.set_defaults(handler=_cmd_bench)
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
+def bench(args: argparse.Namespace) -> int:
+    """``bls bench``: load-test a served script or the chat route (:mod:`bls.loadgen`)."""
     from . import loadgen
 
     return loadgen.main(args)
 
 
-PARSERS = [_add_worker, _add_serve, _add_keygen, _add_bench]
+# -- shared by several commands ------------------------------------------------------
+
+
+def _parse_options(specs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; VALUE is JSON when it parses as JSON, else a string."""
+    options: dict[str, Any] = {}
+    for spec in specs:
+        key, sep, raw = spec.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option {spec!r}: expected KEY=VALUE")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def _write_line(value: Any) -> None:
+    emit(msgspec.json.encode(value))
+
+
+def _apply_connect_timeout(config: Config, value: float | None) -> None:
+    """``--connect-timeout`` over the configuration's ``[transport]`` setting."""
+    if value is not None:
+        config.transport.connect_timeout_s = value
+
+
+def _apply_discovery(config: Config, args: argparse.Namespace) -> None:
+    """``--discovery``/``--namespace`` over the configuration's ``[transport]``."""
+    transport = config.transport
+    if args.discovery:
+        transport.discovery = args.discovery
+    if args.namespace:
+        transport.namespace = args.namespace

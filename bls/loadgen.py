@@ -318,7 +318,7 @@ def plot(result: Result, path: str) -> None:
 
 
 def main(args: Any) -> int:
-    """``bls bench``'s handler (the parser is in :mod:`bls.commands`)."""
+    """``bls bench`` (its flags are in :mod:`bls.cli`): run, then print the summary."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -8,7 +8,9 @@ import msgspec
 import pytest
 
 import bls
+from bls.conversation import conversation
 from bls.serve import chat
+from bls.serve.framing import ChatChunks
 
 
 def frames(data: bytes) -> list[dict[str, object] | str]:
@@ -20,28 +22,28 @@ def frames(data: bytes) -> list[dict[str, object] | str]:
     return out
 
 
-def test_tally_counts_the_engines_tokens_and_keeps_the_finish_reason() -> None:
-    tally = chat.Tally()
-    assert tally.add({"text": "a", "token_ids": [1], "prompt_tokens": 7}) == ("a", None)
-    assert tally.add({"text": "", "token_ids": [2]}) == ("", None)
-    assert tally.add({"text": "b", "token_ids": [3], "finish_reason": "length"}) == (
+def test_the_transcript_counts_the_engines_tokens_and_keeps_the_finish_reason() -> None:
+    transcript = chat.Transcript()
+    assert transcript.add({"text": "a", "token_ids": [1], "prompt_tokens": 7}) == ("a", None)
+    assert transcript.add({"text": "", "token_ids": [2]}) == ("", None)
+    assert transcript.add({"text": "b", "token_ids": [3], "finish_reason": "length"}) == (
         "b",
         "length",
     )
-    assert tally.usage() == chat.Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
-    assert tally.finish_reason == "length"
+    assert transcript.usage() == chat.Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
+    assert transcript.finish_reason == "length"
 
 
 def test_plain_strings_have_no_usage_to_report() -> None:
-    tally = chat.Tally()
-    assert tally.add("hello") == ("hello", None)
-    assert tally.usage() is None
+    transcript = chat.Transcript()
+    assert transcript.add("hello") == ("hello", None)
+    assert transcript.usage() is None
     with pytest.raises(TypeError, match="must produce str"):
-        tally.add(3)
+        transcript.add(3)
 
 
 def test_stream_chunks_are_openai_chunks() -> None:
-    chunks = chat.Chunks("chatcmpl-1", 'model "q"')
+    chunks = ChatChunks("chatcmpl-1", 'model "q"')
     body = (
         chunks.role()
         + chunks.text('say "hi"\n')
@@ -70,16 +72,16 @@ def test_stream_chunks_are_openai_chunks() -> None:
 
 
 def test_a_non_streamed_completion_carries_usage_only_when_known() -> None:
-    tally = chat.Tally()
-    tally.add({"text": "x", "token_ids": [4, 5], "prompt_tokens": 3, "finish_reason": "stop"})
-    body = json.loads(chat.completion("c", "m", "x", tally))
+    transcript = chat.Transcript()
+    transcript.add({"text": "x", "token_ids": [4, 5], "prompt_tokens": 3, "finish_reason": "stop"})
+    body = json.loads(chat.completion("c", "m", "x", transcript))
     assert body["choices"][0] == {
         "index": 0,
         "message": {"role": "assistant", "content": "x"},
         "finish_reason": "stop",
     }
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    assert "usage" not in json.loads(chat.completion("c", "m", "x", chat.Tally()))
+    assert "usage" not in json.loads(chat.completion("c", "m", "x", chat.Transcript()))
 
 
 def _request(**fields: object) -> bls.ChatRequest:
@@ -103,7 +105,7 @@ def test_unsupported_fields_are_named() -> None:
     message, path = chat.unsupported(req) or ("", "")
     assert path == "$.messages[1].content[1]" and "input_audio" in message
     joined = _request(messages=[{"role": "user", "content": parts[:1] * 2}])
-    assert chat.conversation(joined.messages) == [{"role": "user", "content": "aa"}]
+    assert conversation(joined.messages) == [{"role": "user", "content": "aa"}]
 
 
 def test_from_chat_carries_every_sampling_field_to_the_engine() -> None:

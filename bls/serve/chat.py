@@ -21,7 +21,7 @@ import msgspec
 from ..conversation import conversation
 from ..errors import InvalidRequest
 
-__all__ = ["Tally", "unsupported"]
+__all__ = ["Transcript", "completion", "completion_id", "models", "unsupported"]
 
 
 def unsupported(req: Any) -> tuple[str, str] | None:
@@ -45,7 +45,7 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
-class Tally:
+class Transcript:
     """What the frontend learns from a chat script's items as they pass: the text of
     each, and the engine's token counts and finish reason where the items carry them."""
 
@@ -124,53 +124,11 @@ class _Completion(msgspec.Struct, omit_defaults=True):
     usage: Usage | None = None
 
 
-def completion(cid: str, model: str, text: str, tally: Tally) -> bytes:
+def completion(cid: str, model: str, text: str, transcript: Transcript) -> bytes:
     """A non-streamed answer."""
-    choice = _Choice(0, _Reply("assistant", text), tally.finish_reason or "stop")
-    body = _Completion(cid, int(time.time()), model, [choice], usage=tally.usage())
+    choice = _Choice(0, _Reply("assistant", text), transcript.finish_reason or "stop")
+    body = _Completion(cid, int(time.time()), model, [choice], usage=transcript.usage())
     return msgspec.json.encode(body)
-
-
-_encode = msgspec.json.encode
-
-
-class Chunks:
-    """SSE frames of one streamed answer. The frame of a text delta is two constant
-    byte strings around the encoded text: this is the per-token path."""
-
-    __slots__ = ("_head", "_tail")
-
-    def __init__(self, cid: str, model: str) -> None:
-        self._head = (
-            b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,'
-            b'"choices":[{"index":0,"delta":' % (cid.encode(), int(time.time()), _encode(model))
-        )
-        self._tail = b',"finish_reason":null}]}\n\n'
-
-    def role(self) -> bytes:
-        """The opening chunk: the assistant's role and empty content, as OpenAI sends."""
-        return self._head + b'{"role":"assistant","content":""}' + self._tail
-
-    def text(self, text: str, finish: str | None = None) -> bytes:
-        delta = b'{"content":' + _encode(text) + b"}"
-        if finish is None:
-            return self._head + delta + self._tail
-        return self._finish(delta, finish)
-
-    def finish(self, finish: str) -> bytes:
-        return self._finish(b"{}", finish)
-
-    def _finish(self, delta: bytes, finish: str) -> bytes:
-        return self._head + delta + b',"finish_reason":' + _encode(finish) + b"}]}\n\n"
-
-    def usage(self, usage: Usage) -> bytes:
-        """The last chunk when ``stream_options.include_usage`` is set: no choices."""
-        head = self._head[: self._head.index(b'"choices"')]
-        return head + b'"choices":[],"usage":' + _encode(usage) + b"}\n\n"
-
-    @staticmethod
-    def done() -> bytes:
-        return b"data: [DONE]\n\n"
 
 
 class _Model(msgspec.Struct):
@@ -183,6 +141,9 @@ class _Model(msgspec.Struct):
 class _Models(msgspec.Struct):
     data: list[_Model]
     object: str = "list"
+
+
+_encode = msgspec.json.encode
 
 
 def models(names: list[str]) -> bytes:

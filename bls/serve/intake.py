@@ -8,6 +8,7 @@ import itertools
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -15,6 +16,7 @@ import msgspec
 from ..errors import InvalidRequest
 from ..loop import backend
 from ..scope import RequestScope
+from ..tracing import Span, Trace
 from .framing import HttpError, Message, Receive, Scope, Send, sse_error
 
 __all__ = ["Limits", "Request", "read_body", "request_id", "request_timeout"]
@@ -46,22 +48,34 @@ def invalid(exc: InvalidRequest) -> HttpError:
 
 
 class Request:
-    """What one accepted request's handling shares with its disconnect watcher."""
+    """One accepted request, from admission to its line in the log: its id, scope,
+    trace, and what its handling and its disconnect watcher learn of it."""
 
     __slots__ = (
         "disconnected",
+        "entry",
         "error_frame",
         "finishing",
         "id",
+        "reading",
+        "root",
         "scope",
         "shutdown",
+        "started",
         "status",
         "streamed",
+        "trace",
     )
 
-    def __init__(self, request_id: str, scope: RequestScope) -> None:
+    def __init__(self, request_id: str, entry: str, trace: Trace, root: Span) -> None:
         self.id = request_id
-        self.scope = scope  # the request's deadline, disconnect and drain
+        self.entry = entry
+        self.started = time.perf_counter()
+        self.trace = trace
+        self.root = root  # the request's own span
+        # The request's deadline, disconnect and drain.
+        self.scope = RequestScope(request_id, trace=trace, span=root)
+        self.reading = True  # its body has not all arrived yet
         self.disconnected = False
         self.shutdown = False
         self.finishing = False  # the last body message is being sent

@@ -191,6 +191,8 @@ def test_wrong_method_and_unknown_route(http: httpx.Client) -> None:
     assert health.status_code == 405 and health.headers["allow"] == "GET"
     r = http.get("/nowhere")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    page = http.post("/debug/requests/x")  # a prefix route with another method
+    assert page.status_code == 405 and page.headers["allow"] == "GET"
 
 
 # -- stage failures and deadlines -----------------------------------------------------
