@@ -27,9 +27,9 @@ def spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 def serve_app(echo: str, *flags: str) -> tuple[subprocess.Popen[str], str]:
     """``bls serve bench/serving/app.py`` with its stages bound (``echo`` at the address
-    given, ``tick`` inline), quiet; (process, URL)."""
+    given, ``local`` and ``tick`` inline), quiet; (process, URL)."""
     app = SERVING_APP
-    binds = ["--bind", f"echo={echo}", "--bind", f"tick={app}:tick"]
+    binds = ["--bind", f"echo={echo}", "--bind", f"local={app}:echo", "--bind", f"tick={app}:tick"]
     quiet = ["--no-access-log", "--log-level", "warning"]
     return spawn([BLS, "serve", app, "--port", "0", *binds, *quiet, *flags])
 

@@ -110,9 +110,16 @@ def main() -> None:
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     parser.add_argument("--seconds", type=float, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, the two taking turns")
+    parser.add_argument(
+        "--entries",
+        nargs="+",
+        default=["noop", "inline", "remote"],
+        help="scripts to measure: noop (no stage), inline (one stage in process), remote",
+    )
+    parser.add_argument("--levels", type=int, nargs="+", help="concurrencies")
     args = parser.parse_args()
     seconds = args.seconds or (1.0 if args.quick else 3.0)
-    levels = [1, 8, 32] if args.quick else [1, 4, 16, 64]
+    levels = args.levels or ([1, 8, 32] if args.quick else [1, 4, 16, 64])
 
     procs = []
     try:
@@ -134,7 +141,7 @@ def main() -> None:
             "| floor / bls p50 ms | server CPU µs/request floor / bls | CPU ratio |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for entry in ("noop", "remote"):
+        for entry in args.entries:
             for c in levels:
                 path = f"/v1/scripts/{entry}"
                 floors, blss = [], []

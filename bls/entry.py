@@ -46,12 +46,9 @@ class Script:
         self.openai = openai
         self.model = model
         self.signature: Signature = signature_of(fn)
+        self.streaming = self.signature.streaming  # an async generator: items, not one result
         self._none_ok = _accepts_none(self.signature.response)
         functools.update_wrapper(self, fn)
-
-    @property
-    def streaming(self) -> bool:
-        return self.signature.streaming
 
     def __call__(self, req: Any) -> Any:
         return self.fn(req)

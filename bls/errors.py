@@ -24,14 +24,23 @@ class StageError(Exception):
     exception's type name (``"ValueError"``); the transport and runtime use these
     lower-case kinds:
 
-    - ``"invalid_request"``: the request did not validate against the worker's type
-      (raised as :class:`InvalidRequest`, which has the field ``path``).
+    - ``"invalid_request"``: the stage refused its request (raised as
+      :class:`InvalidRequest`, which has the field ``path``).
     - ``"invalid_response"``: the worker's result did not match the declared type.
     - ``"wrong_mode"``: a unary call to a streaming stage, or the reverse.
-    - ``"unavailable"``: no replica could be reached, or it died mid-call.
+    - ``"unavailable"``: no replica could be reached, or it died mid-call, or the worker
+      gave up on this caller (silent, or not reading its replies).
     - ``"overloaded"``: every replica refused the call at its in-flight limit.
     - ``"shutdown"``: the worker's grace period ran out while it ran the call (SIGTERM);
       the call had started, so it is not retried elsewhere.
+    - ``"deadline"``: the call's deadline passed in the worker (raised in the caller as
+      :class:`DeadlineExceeded`).
+    - ``"cancelled"``: the worker's acknowledgement of a cancel (the caller has
+      usually moved on already).
+    - ``"too_large"``: the request is over the frame size limit (``max_frame_bytes``).
+    - ``"bad_frame"``: the call's frame header could not be acted on (a deadline that is
+      not a time, credit out of range).
+    - ``"cache_config"``: a stage's result cache cannot hold what it is given.
 
     ``remote_traceback`` holds the worker's traceback text when there is one.
     """

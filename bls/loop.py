@@ -6,7 +6,7 @@ at the price a hot path can pay:
 - :class:`Waiter`: one task parks until a message's dispatch wakes it (a call waiting
   for its reply, an idle worker lane). An asyncio future costs several times less than
   an ``anyio.Event`` there; on trio an Event is what trio has.
-- :meth:`Backend.expire`: a cancel scope's deadline. On asyncio a server holds one for
+- :meth:`Backend.deadline`: a cancel scope's deadline. On asyncio a server holds one for
   every request in flight and moves most of them before they fire; a loop timer each (as
   anyio's own deadlines use) costs more than the rest of a small request, so they share
   one loop timer in 1 ms buckets (:class:`Timers`). On trio, the scope's own deadline.
@@ -77,17 +77,24 @@ class Backend(Protocol):
 
     name: str
 
+    def cancel_scope(self, shield: bool = False) -> anyio.CancelScope:
+        """A new ``anyio.CancelScope``: the same object, made without looking up the
+        running backend (``anyio.CancelScope()`` does that each time: more than half its
+        cost on a request's path)."""
+
     def waiter(self) -> Waiter: ...
 
-    def expire(self, scope: anyio.CancelScope, when: float, fn: Callable[[], object]) -> Any:
-        """Cancel ``scope`` at loop time ``when`` (finite), by calling ``fn`` or by the
-        scope's own deadline; returns what :meth:`unexpire` takes (never None)."""
-
-    def unexpire(self, scope: anyio.CancelScope, handle: Any, fn: Callable[[], object]) -> None:
-        """Forget what :meth:`expire` armed (it has not fired)."""
+    def deadline(
+        self, scope: anyio.CancelScope, when: float, armed: Any, fire: Callable[[], object]
+    ) -> Any:
+        """Make loop time ``when`` (inf: none) the deadline of ``scope``; ``armed`` is what
+        the last call returned (None at first). Either the scope's own deadline is set, or
+        ``fire()`` will be called, never before ``when`` but possibly at an earlier
+        deadline still armed: ``fire`` compares the time with the deadline it wants and
+        cancels the scope, or calls this again. Returns what to pass as ``armed`` next."""
 
     def now(self) -> float:
-        """The loop's clock (the ``when`` of :meth:`expire`)."""
+        """The loop's clock (the ``when`` of :meth:`deadline`)."""
 
     def watch(self, fn: Callable[[], Awaitable[None]], after: float) -> Callable[[], None]:
         """Run ``fn()`` beside the caller, from ``after`` seconds on, in no task group (it
@@ -135,7 +142,10 @@ class Timers:
     def add(self, when: float, fn: Callable[[], object]) -> int:
         """Call ``fn`` once at loop time ``when`` (finite); returns the key :meth:`remove`
         takes."""
-        key = math.ceil(when * 1000)
+        return self.add_key(math.ceil(when * 1000), fn)
+
+    def add_key(self, key: int, fn: Callable[[], object]) -> int:
+        """:meth:`add` for the bucket ``key`` (the millisecond of loop time, rounded up)."""
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = set()
@@ -197,15 +207,27 @@ class _Asyncio:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.timers = Timers(loop)
+        self.cancel_scope = _scope_maker()
 
     def waiter(self) -> Waiter:
         return _Future(self.loop)
 
-    def expire(self, scope: anyio.CancelScope, when: float, fn: Callable[[], object]) -> int:
-        return self.timers.add(when, fn)
-
-    def unexpire(self, scope: anyio.CancelScope, handle: Any, fn: Callable[[], object]) -> None:
-        self.timers.remove(handle, fn)
+    def deadline(
+        self, scope: anyio.CancelScope, when: float, armed: Any, fire: Callable[[], object]
+    ) -> int | None:
+        # A deadline moved later keeps the timer armed (fire() checks again then): most
+        # move later (the body's deadline, then the request's) and few ever fire.
+        timers = self.timers
+        if when == math.inf:
+            if armed is not None:
+                timers.remove(armed, fire)
+            return None
+        key = math.ceil(when * 1000)
+        if armed is not None:
+            if armed <= key:
+                return int(armed)
+            timers.remove(armed, fire)
+        return timers.add_key(key, fire)
 
     def now(self) -> float:
         return self.loop.time()
@@ -278,15 +300,21 @@ class _AsyncioReader:
 class _Trio:
     name = "trio"
 
+    def __init__(self) -> None:
+        self._make: Callable[..., anyio.CancelScope] | None = None
+
+    def cancel_scope(self, shield: bool = False) -> anyio.CancelScope:
+        if self._make is None:
+            self._make = _scope_maker()
+        return self._make(shield=shield)
+
     def waiter(self) -> Waiter:
         return _Event()
 
-    def expire(self, scope: anyio.CancelScope, when: float, fn: Callable[[], object]) -> float:
+    def deadline(
+        self, scope: anyio.CancelScope, when: float, armed: Any, fire: Callable[[], object]
+    ) -> None:
         scope.deadline = when  # trio's own deadlines are cheap
-        return when
-
-    def unexpire(self, scope: anyio.CancelScope, handle: Any, fn: Callable[[], object]) -> None:
-        scope.deadline = math.inf
 
     def now(self) -> float:
         return anyio.current_time()
@@ -359,6 +387,12 @@ class _TrioReader:
     @property
     def pending(self) -> bool:
         return self._more
+
+
+def _scope_maker() -> Callable[..., anyio.CancelScope]:
+    """The class of the running backend's cancel scopes (anyio's public class makes one
+    of these, looking the backend up first): called with ``shield=``, it makes one."""
+    return type(anyio.CancelScope())
 
 
 _TRIO = _Trio()

@@ -326,6 +326,8 @@ class Runtime:
         token = _current.set(self)
         try:
             if timeout is None:  # no scope of its own: the caller's scopes govern it
+                if current_context().streams is not None:  # a request's: it closes them
+                    return entry.check_result(await entry.fn(req))
                 async with _streams_closed():
                     return entry.check_result(await entry.fn(req))
             async with _own_scope(entry, current_context(), timeout):

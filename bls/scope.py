@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from .loop import backend
+from .loop import Backend, backend
 from .tracing import Span, Trace, outcome_of
 
 __all__ = [
@@ -148,13 +148,15 @@ class RequestScope:
     """
 
     __slots__ = (
+        "_armed",
         "_backend",
         "_cancel_called",
         "_carried",
         "_exited",
-        "_handle",
+        "_limit",
         "_scope",
         "_token",
+        "_when",
         "ctx",
         "id",
     )
@@ -167,13 +169,16 @@ class RequestScope:
         span: Span | None = None,
         carried: float = math.inf,
         shield: bool = False,
+        loop: Backend | None = None,
     ) -> None:
         self.id = request_id
         self._carried = carried
         self.ctx = CallContext(carried, trace, span, OpenStreams())
-        self._scope = anyio.CancelScope(shield=shield)
-        self._backend = backend()
-        self._handle: Any = None  # the armed deadline (Backend.expire)
+        self._backend = loop or backend()  # a server that knows its loop passes it
+        self._scope = self._backend.cancel_scope(shield=shield)
+        self._when = math.inf  # the deadline in loop time
+        self._limit = math.inf  # a sooner one of the scope's own (limit()), in loop time
+        self._armed: Any = None  # what Backend.deadline armed
         self._token: contextvars.Token[CallContext] | None = None
         self._exited = self._cancel_called = False
 
@@ -192,22 +197,43 @@ class RequestScope:
         self.ctx = CallContext(min(wall, self._carried), ctx.trace, ctx.span, ctx.streams)
         if self._token is not None and not self._exited:
             _context.set(self.ctx)  # this task's context, undone on exit with the rest
-        backend, scope = self._backend, self._scope
-        if self._handle is not None:
-            backend.unexpire(scope, self._handle, self._on_deadline)
-            self._handle = None
-        if seconds is not None and math.isfinite(seconds) and not self._exited:
-            self._handle = backend.expire(scope, backend.now() + seconds, self._on_deadline)
+        if self._exited:
+            return
+        finite = seconds is not None and math.isfinite(seconds)
+        self._when = self._backend.now() + seconds if finite else math.inf  # type: ignore[operator]
+        self._arm(self._armed)
+
+    def limit(self, seconds: float | None) -> None:
+        """A sooner deadline for the scope alone, which stage calls do not carry (the
+        time a request's body may take to arrive); None lifts it."""
+        if self._exited:
+            return
+        finite = seconds is not None and math.isfinite(seconds)
+        self._limit = self._backend.now() + seconds if finite else math.inf  # type: ignore[operator]
+        self._arm(self._armed)
+
+    def _arm(self, armed: Any) -> None:
+        when = min(self._when, self._limit)
+        self._armed = self._backend.deadline(self._scope, when, armed, self._on_deadline)
 
     def _on_deadline(self) -> None:
-        self._handle = None
-        self._scope.cancel()
+        """The shared timers' call (asyncio): the deadline, or one it moved later from."""
+        self._armed = None
+        if self._backend.now() < min(self._when, self._limit):
+            self._arm(None)
+        else:
+            self._scope.cancel()
 
     def cancel(self) -> None:
         """Cancel the request now; before it starts, as it starts; after it ends, never."""
         self._cancel_called = True
         if not self._exited:
             self._scope.cancel()
+
+    @property
+    def loop(self) -> Backend:
+        """The event loop's :class:`bls.loop.Backend` the request runs on."""
+        return self._backend
 
     @property
     def cancelled_caught(self) -> bool:
@@ -230,9 +256,9 @@ class RequestScope:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self._exited = True
-        if self._handle is not None:
-            self._backend.unexpire(self._scope, self._handle, self._on_deadline)
-            self._handle = None
+        if self._armed is not None:
+            self._backend.deadline(self._scope, math.inf, self._armed, self._on_deadline)
+            self._armed = None
         streams = self.ctx.streams
         if streams:
             await streams.aclose()
@@ -274,8 +300,14 @@ async def traced_call(
     trace = ctx.trace
     span = trace.open(name, ctx.parent, description)
     inner = ctx.under(span)
-    with _inside(trace, span, inner):
+    token = _context.set(inner)  # (what _inside does, written out: this is per call)
+    try:
         result = await call(inner)
+    except BaseException as exc:
+        trace.close(span, *outcome_of(exc))
+        raise
+    finally:
+        _context.reset(token)
     trace.close(span, "ok")
     return result
 

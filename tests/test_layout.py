@@ -79,3 +79,103 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_check_finds_a_ring() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# -- layers: which folder may import which ------------------------------------------------
+
+# The core (bls/) imports no other layer, except the command line, which puts them
+# together; the transport, the HTTP frontend and the models import the core, not each
+# other (a worker's chat types are the core's, not the HTTP package's).
+_CLI = {"bls.cli", "bls.commands"}
+_LAYER_MAY_IMPORT = {
+    "bls": {"bls"},
+    "bls.transport": {"bls", "bls.transport"},
+    "bls.serve": {"bls", "bls.serve"},
+    "bls.models": {"bls", "bls.models"},
+}
+
+
+def _layer(module: str) -> str:
+    for layer in ("bls.transport", "bls.serve", "bls.models"):
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return "bls"
+
+
+def test_each_folder_imports_only_the_layers_below_it() -> None:
+    modules = _modules()
+    known = set(modules)
+    wrong = []
+    for name, path in modules.items():
+        if name in _CLI:
+            continue
+        allowed = _LAYER_MAY_IMPORT[_layer(name)]
+        for target in _imports(name, path, known):
+            if _layer(target) not in allowed:
+                wrong.append(f"{name} imports {target}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_import_bls_loads_neither_the_http_package_nor_the_transport() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, bls; "
+        "print(sorted(m for m in sys.modules if m.startswith(('bls.serve', 'bls.transport'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_no_two_modules_share_a_name_across_the_folders() -> None:
+    folders = [ROOT / "bls", ROOT / "bls" / "serve", ROOT / "transport", ROOT / "bench"]
+    seen: dict[str, Path] = {}
+    twins = []
+    for folder in folders:
+        stems = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+        stems |= {
+            p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+        }
+        for stem in stems:
+            if stem in seen and seen[stem] != folder:
+                twins.append(
+                    f"{stem}: {seen[stem].relative_to(ROOT)} and {folder.relative_to(ROOT)}"
+                )
+            seen.setdefault(stem, folder)
+    assert twins == [], twins
+
+
+def test_modules_and_functions_stay_small_and_nothing_cleans_up_in_del() -> None:
+    problems = []
+    for folder in ("bls", "transport", "models"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            lines = len(text.splitlines())
+            if folder != "models" and lines > 500:
+                problems.append(f"{path.relative_to(ROOT)}: {lines} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    size = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if size > 80:
+                        problems.append(
+                            f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {size}"
+                        )
+                    if node.name == "__del__" and folder != "models":
+                        problems.append(f"{path.relative_to(ROOT)}:{node.lineno} __del__")
+    assert problems == [], problems
+
+
+def test_one_module_besides_the_seam_names_the_event_loop() -> None:
+    """bls/loop.py owns every asyncio/trio difference; the HTTP server runner (which
+    server runs on which loop) is the only other module that names a backend. (bls bench's
+    load generator, bls/loadgen.py, is an asyncio program of its own, on no bls loop.)"""
+    naming = []
+    for folder in ("bls", "transport"):
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            if names & {"asyncio", "trio", "sniffio"}:
+                naming.append(str(path.relative_to(ROOT)))
+    assert sorted(naming) == ["bls/loadgen.py", "bls/loop.py", "bls/serve/server.py"], naming

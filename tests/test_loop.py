@@ -5,6 +5,7 @@ late and stops, and the shared timers fire in order, never early."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import anyio
@@ -32,14 +33,35 @@ async def test_a_waiter_wakes_its_task_and_says_when_it_was_cancelled() -> None:
 async def test_a_deadline_through_the_seam_ends_its_scope_and_a_removed_one_does_not() -> None:
     backend = loop.backend()
     with anyio.CancelScope() as scope:
-        backend.expire(scope, backend.now() + 0.01, scope.cancel)
+        backend.deadline(scope, backend.now() + 0.01, None, scope.cancel)
         await anyio.sleep(5)
     assert scope.cancelled_caught
     with anyio.CancelScope() as kept:
-        handle = backend.expire(kept, backend.now() + 0.01, kept.cancel)
-        backend.unexpire(kept, handle, kept.cancel)
+        armed = backend.deadline(kept, backend.now() + 0.01, None, kept.cancel)
+        backend.deadline(kept, math.inf, armed, kept.cancel)
         await anyio.sleep(0.05)
     assert not kept.cancelled_caught
+
+
+async def test_a_deadline_moved_later_fires_no_earlier_than_the_new_one() -> None:
+    backend = loop.backend()
+    fired: list[float] = []
+    start = backend.now()
+    with anyio.CancelScope() as scope:
+        wanted = start + 0.05
+
+        def fire() -> None:  # as RequestScope does: check, then cancel or arm again
+            if backend.now() < wanted:
+                backend.deadline(scope, wanted, None, fire)
+            else:
+                fired.append(backend.now())
+                scope.cancel()
+
+        armed = backend.deadline(scope, start + 0.01, None, fire)
+        backend.deadline(scope, wanted, armed, fire)  # later: the first may stay armed
+        await anyio.sleep(5)
+    assert scope.cancelled_caught
+    assert backend.now() >= wanted and (not fired or fired[0] >= wanted)
 
 
 async def test_a_watcher_starts_late_and_stops_when_told() -> None:

@@ -1,4 +1,4 @@
-"""The wire format: the only module that knows bytes.
+"""The wire format: the only module that knows the bytes on the wire.
 
 A message is a list of ZeroMQ frames::
 
@@ -82,7 +82,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     deadline: float = 0.0  # absolute, seconds since the epoch; 0 = none
     count: int = 0  # CALL: initial stream credit; CREDIT: credit granted
     ack: int = 0  # worker → client: highest call id received from this client
-    trace: str = ""  # W3C traceparent of the caller's span, if any
+    trace: str = ""  # CALL: the request id of the caller's trace (empty: not traced)
     to: str = ""  # CALL: the worker instance the caller believes it is talking to
     spans: bytes = b""  # END/ERROR of a traced call: the spans the worker recorded
 

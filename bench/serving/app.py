@@ -1,8 +1,9 @@
-"""What bench/frontend.py and bench/streams.py serve: a no-op script, a one-remote-stage
-script, a slow stream through an inline stage, and the floor — bare Starlette routes doing
-the same work on the same server (Uvicorn + httptools).
+"""What bench/frontend.py and bench/streams.py serve: a no-op script, a one-stage script
+(the stage inline, or remote), a slow stream through an inline stage, and the floor — bare
+Starlette routes doing the same work on the same server (Uvicorn + httptools).
 
-    bls serve bench/serving/app.py --bind echo=tcp://... --bind tick=bench/serving/app.py:tick
+    bls serve bench/serving/app.py --bind echo=tcp://... --bind local=bench/serving/app.py:echo \
+        --bind tick=bench/serving/app.py:tick
     python bench/serving/app.py tcp://...                         (the floor)
 """
 
@@ -29,6 +30,12 @@ async def echo(req: Ping) -> Ping:
 @bls.script
 async def noop(req: Ping) -> Ping:
     return req
+
+
+@bls.script
+async def inline(req: Ping) -> Ping:
+    """One stage call, the stage in process."""
+    return await stage("local", req)
 
 
 @bls.script
@@ -59,8 +66,9 @@ async def ticks(req: Ticks) -> AsyncIterator[Tick]:
 
 
 def floor(address: str) -> None:
-    """Starlette on Uvicorn: /noop decodes and re-encodes; /remote calls the same worker
-    through a bls runtime (the stage call without bls's HTTP layer)."""
+    """Starlette on Uvicorn: /noop decodes and re-encodes; /inline calls the stage's
+    function; /remote calls the same worker through a bls runtime (the stage call without
+    bls's HTTP layer)."""
     import socket
     from contextlib import asynccontextmanager
 
@@ -76,6 +84,10 @@ def floor(address: str) -> None:
     async def noop_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
         return Response(msgspec.json.encode(req), media_type="application/json")
+
+    async def inline_route(request: Request) -> Response:
+        req = msgspec.json.decode(await request.body(), type=Ping)
+        return Response(msgspec.json.encode(await echo(req)), media_type="application/json")
 
     async def remote_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
@@ -99,6 +111,7 @@ def floor(address: str) -> None:
     app = Starlette(
         routes=[
             Route("/v1/scripts/noop", noop_route, methods=["POST"]),
+            Route("/v1/scripts/inline", inline_route, methods=["POST"]),
             Route("/v1/scripts/remote", remote_route, methods=["POST"]),
             Route("/v1/scripts/ticks", ticks_route, methods=["POST"]),
         ],

@@ -2,7 +2,9 @@
 JSON, a stream as SSE (or NDJSON when asked), and the chat route's completion or chunks.
 
 Items go out as the script yields them, from the script's own task: no queue between
-the script and the client, so a slow client pauses the script. The response's headers
+the script and the client, so a slow client pauses the script. Before its last body
+message each marks the request ``finishing``: the disconnect a server reports once the
+response is complete is not the client leaving early. The response's headers
 wait for the first item, so an error before it still gets a status of its own; after
 it, the stream ends with the error in the stream's own framing.
 """
@@ -31,7 +33,7 @@ from .framing import (
     sse_item,
     start,
 )
-from .intake import Request, header
+from .intake import Request
 
 __all__ = ["answer_chat", "answer_entry"]
 
@@ -46,14 +48,17 @@ async def answer_entry(
     if not entry.streaming:
         result = await runtime.run(entry, req)
         request.status = 200
+        request.finishing = True
         await respond(send, 200, _encode(result), request.id.encode())
         return
-    if NDJSON in (header(scope, b"accept") or b""):
+    if NDJSON in request.headers.accept:
         request.error_frame = ndjson_error
         await _stream(runtime, send, entry, req, request, NDJSON, ndjson_item)
+        request.finishing = True
         await send({"type": "http.response.body", "body": b""})
     else:
         await _stream(runtime, send, entry, req, request, SSE, sse_item)
+        request.finishing = True
         await send({"type": "http.response.body", "body": _SSE_END})
 
 
@@ -90,6 +95,7 @@ async def answer_chat(
         await collect(await runtime.run(entry, req))
     request.status = 200
     body = chat.completion(cid, model, "".join(parts), transcript)
+    request.finishing = True
     await respond(send, 200, body, request.id.encode())
 
 
@@ -115,6 +121,7 @@ async def _chat_stream(
     options = getattr(req, "stream_options", None) or {}
     if usage is not None and options.get("include_usage"):
         last += chunks.usage(usage)
+    request.finishing = True
     await send({"type": "http.response.body", "body": last + chunks.done()})
 
 

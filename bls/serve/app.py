@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -34,6 +35,7 @@ import msgspec
 from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
 from ..lifecycle import Drain
+from ..loop import Backend, backend
 from ..runtime import Runtime
 from ..tracing import Trace, TraceStore, outcome_of
 from . import chat, openapi, pages
@@ -41,6 +43,7 @@ from .answers import answer_chat, answer_entry
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
 from .intake import (
     Disconnected,
+    Headers,
     Limits,
     Request,
     header,
@@ -48,7 +51,6 @@ from .intake import (
     read_body,
     request_id,
     request_timeout,
-    tracking,
     watch_disconnect,
 )
 from .metrics import CONTENT_TYPE as METRICS_TYPE
@@ -96,6 +98,7 @@ class Frontend:
             served = self.chat_entry.model or self.chat_entry.name
             self.models = list(dict.fromkeys([served, *model_aliases]))
         self._openapi: bytes | None = None
+        self._loop: Backend | None = None  # the event loop's (bls.loop), at the first request
         self.routes = [
             Route("/v1/scripts/", ["POST"], self._script, prefix=True),
             Route("/v1/chat/completions", ["POST"], self._chat),
@@ -109,6 +112,7 @@ class Frontend:
             Route("/debug/requests/", ["GET"], self._debug_page, prefix=True),
         ]
         self._router = Router(self.routes)
+        self._answer_entry: Run = partial(answer_entry, runtime)
 
     # -- ASGI -------------------------------------------------------------------------
 
@@ -127,10 +131,10 @@ class Frontend:
     # -- small routes -----------------------------------------------------------------
 
     async def _health(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(send, 200, b'{"status":"ok"}', request_id(scope))
+        await respond(send, 200, b'{"status":"ok"}', _rid(scope))
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        rid = request_id(scope)
+        rid = _rid(scope)
         if self.draining:
             error = HttpError(503, "draining", "the server is shutting down")
             await send_error(send, error, rid)
@@ -149,7 +153,7 @@ class Frontend:
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         body = self.metrics.render()
-        await respond(send, 200, body, request_id(scope), METRICS_TYPE.encode())
+        await respond(send, 200, body, _rid(scope), METRICS_TYPE.encode())
 
     async def _list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         listing = []
@@ -165,18 +169,18 @@ class Frontend:
                     "response": response,
                 }
             )
-        await respond(send, 200, _encode({"scripts": listing}), request_id(scope))
+        await respond(send, 200, _encode({"scripts": listing}), _rid(scope))
 
     async def _models(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(send, 200, chat.models(self.models), request_id(scope))
+        await respond(send, 200, chat.models(self.models), _rid(scope))
 
     async def _openapi_json(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         if self._openapi is None:
             self._openapi = _encode(openapi.document(self.entries, self.title))
-        await respond(send, 200, self._openapi, request_id(scope))
+        await respond(send, 200, self._openapi, _rid(scope))
 
     async def _debug_list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        rid = request_id(scope)
+        rid = _rid(scope)
         if b"application/json" in (header(scope, b"accept") or b""):
             body = _encode([pages.summary(t) for t in self.traces.recent()])
             await respond(send, 200, body, rid)
@@ -185,7 +189,7 @@ class Frontend:
         await respond(send, 200, page.encode(), rid, b"text/html; charset=utf-8")
 
     async def _debug_page(self, scope: Scope, receive: Receive, send: Send, trace_id: str) -> None:
-        rid = request_id(scope)
+        rid = _rid(scope)
         trace = self.traces.get(trace_id)
         if trace is None:
             error = HttpError(404, "not_found", f"no recent request with id {trace_id!r}")
@@ -207,7 +211,7 @@ class Frontend:
                 scope, send, HttpError(404, "not_found", f"no entry {name!r} (entries: {known})")
             )
             return
-        await self._accept(scope, receive, send, entry, self._run_entry)
+        await self._accept(scope, receive, send, entry, self._answer_entry)
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         if self.chat_entry is None:
@@ -215,11 +219,6 @@ class Frontend:
             await _refuse(scope, send, HttpError(404, "not_found", why))
             return
         await self._accept(scope, receive, send, self.chat_entry, self._run_chat)
-
-    async def _run_entry(
-        self, scope: Scope, send: Send, entry: Script, req: Any, request: Request
-    ) -> None:
-        await answer_entry(self.runtime, scope, send, entry, req, request)
 
     async def _run_chat(
         self, scope: Scope, send: Send, entry: Script, req: Any, request: Request
@@ -256,11 +255,14 @@ class Frontend:
 
     def _admit(self, scope: Scope, entry: Script) -> Request:
         """The request's id, trace and scope; it counts as in flight from here."""
-        rid = request_id(scope).decode()
+        headers = Headers(scope)
+        rid = request_id(headers.request_id).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
-        request = Request(
-            rid, entry.name, trace, trace.open(entry.name, 0, "script", entry.streaming)
-        )
+        loop = self._loop
+        if loop is None:  # the first request: the loop it runs on serves them all
+            loop = self._loop = backend()
+        root = trace.open(entry.name, 0, "script", entry.streaming)
+        request = Request(rid, entry.name, trace, root, loop, headers)
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -272,23 +274,24 @@ class Frontend:
         is first the body's own, shorter one (a client that trickles its body holds its
         admission slot no longer), then the request's, which every remote call carries;
         a disconnect and the end of a drain cancel it too."""
-        timeout = request_timeout(scope, self.limits.request_timeout)
+        timeout = request_timeout(request.headers, self.limits.request_timeout)
         body_timeout = self.limits.body_timeout
         if body_timeout is None or (timeout is not None and timeout < body_timeout):
             body_timeout = timeout
-        request.scope.expire_after(body_timeout)
+        request.scope.limit(body_timeout)  # the sooner first: the timer stays armed once
+        request.scope.expire_after(timeout)
         stop_watching = None
         try:
             async with request.scope:
-                body = await read_body(scope, receive, self.limits.max_body_bytes)
+                body = await read_body(request, receive, self.limits.max_body_bytes)
                 request.reading = False
-                request.scope.expire_after(timeout)  # now the request's own
+                request.scope.limit(None)  # from here the request's own deadline
                 try:
                     req = entry.decode(body)
                 except InvalidRequest as exc:
                     raise invalid(exc) from None
-                stop_watching = watch_disconnect(receive, request)
-                await run(scope, tracking(send, request), entry, req, request)
+                stop_watching = watch_disconnect(receive, request, request.scope.loop)
+                await run(scope, send, entry, req, request)
         finally:
             if stop_watching is not None:
                 stop_watching()
@@ -385,9 +388,13 @@ class Frontend:
         return self._drain.draining
 
 
+def _rid(scope: Scope) -> bytes:
+    return request_id(header(scope, b"x-request-id"))
+
+
 async def _refuse(scope: Scope, send: Send, error: HttpError) -> None:
     """Answer a request no route takes (404, 405), with its line in the access log."""
-    rid = request_id(scope)
+    rid = _rid(scope)
     await send_error(send, error, rid)
     access.info("%s %s %s %d", rid.decode(), scope["method"], scope["path"], error.status)
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 import msgspec
 
 from ..errors import InvalidRequest
-from ..loop import backend
+from ..loop import Backend
 from ..scope import RequestScope
 from ..tracing import Span, Trace
-from .framing import HttpError, Message, Receive, Scope, Send, sse_error
+from .framing import HttpError, Message, Receive, Scope, sse_error
 
-__all__ = ["Limits", "Request", "read_body", "request_id", "request_timeout"]
+__all__ = ["Headers", "Limits", "Request", "read_body", "request_id", "request_timeout"]
 
 log = logging.getLogger("bls.http")
 
@@ -56,6 +56,7 @@ class Request:
         "entry",
         "error_frame",
         "finishing",
+        "headers",
         "id",
         "reading",
         "root",
@@ -67,14 +68,23 @@ class Request:
         "trace",
     )
 
-    def __init__(self, request_id: str, entry: str, trace: Trace, root: Span) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        entry: str,
+        trace: Trace,
+        root: Span,
+        loop: Backend,
+        headers: Headers,
+    ) -> None:
         self.id = request_id
+        self.headers = headers
         self.entry = entry
         self.started = time.perf_counter()
         self.trace = trace
         self.root = root  # the request's own span
         # The request's deadline, disconnect and drain.
-        self.scope = RequestScope(request_id, trace=trace, span=root)
+        self.scope = RequestScope(request_id, trace=trace, span=root, loop=loop)
         self.reading = True  # its body has not all arrived yet
         self.disconnected = False
         self.shutdown = False
@@ -107,25 +117,14 @@ async def _watch(receive: Receive, request: Request) -> None:
         log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
 
 
-def watch_disconnect(receive: Receive, request: Request) -> Callable[[], object]:
+def watch_disconnect(receive: Receive, request: Request, loop: Backend) -> Callable[[], object]:
     """Start :func:`_watch` beside the request; returns what stops it.
 
     It starts only once the request has run for ``_WATCH_AFTER`` seconds (a request that
     ends sooner has nothing left to cancel), in no task group (it never raises, and is
     always stopped before the request's handler returns): :meth:`bls.loop.Backend.watch`.
     """
-    return backend().watch(lambda: _watch(receive, request), _WATCH_AFTER)
-
-
-def tracking(send: Send, request: Request) -> Send:
-    """``send`` that marks the request as finishing before its last body message."""
-
-    async def tracked(message: Message) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            request.finishing = True
-        await send(message)
-
-    return tracked
+    return loop.watch(lambda: _watch(receive, request), _WATCH_AFTER)
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -135,19 +134,28 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def read_body(request: Request, receive: Receive, limit: int) -> bytes:
     """The whole body: 413 past ``limit`` bytes (before reading when Content-Length says
     so), :class:`Disconnected` when the client leaves first. How long it may take is the
     request scope's business."""
-    length = header(scope, b"content-length")
+    length = request.headers.content_length
     if length is not None and length.isdigit() and int(length) > limit:
         raise HttpError(
             413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
         )
+    message = await receive()
+    if not message.get("more_body", False) and message["type"] == "http.request":
+        body: bytes = message.get("body", b"")  # all in one message, as it mostly comes
+        if len(body) > limit:
+            raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+        return body
+    return await _rest_of_body(message, receive, limit)
+
+
+async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise Disconnected
         chunk = message.get("body", b"")
@@ -157,12 +165,34 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+        message = await receive()
 
 
-def request_timeout(scope: Scope, bound: float | None) -> float | None:
+class Headers:
+    """The request headers bls reads, found in one pass over the request's headers."""
+
+    __slots__ = ("accept", "content_length", "request_id", "timeout")
+
+    def __init__(self, scope: Scope) -> None:
+        self.content_length: bytes | None = None
+        self.request_id: bytes | None = None
+        self.timeout: bytes | None = None
+        self.accept = b""
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                self.content_length = bytes(value)
+            elif key == b"x-request-id":
+                self.request_id = bytes(value)
+            elif key == b"x-request-timeout":
+                self.timeout = bytes(value)
+            elif key == b"accept":
+                self.accept = bytes(value)
+
+
+def request_timeout(headers: Headers, bound: float | None) -> float | None:
     """The request's deadline in seconds: ``X-Request-Timeout`` capped by ``bound``; 400
     for a header that is not a positive number."""
-    raw = header(scope, b"x-request-timeout")
+    raw = headers.timeout
     if raw is None:
         return bound
     try:
@@ -180,9 +210,8 @@ def request_timeout(scope: Scope, bound: float | None) -> float | None:
     return seconds if bound is None else min(seconds, bound)
 
 
-def request_id(scope: Scope) -> bytes:
-    """The client's ``X-Request-Id`` when it sent a sane one, else a new id."""
-    given = header(scope, b"x-request-id")
+def request_id(given: bytes | None) -> bytes:
+    """The client's ``X-Request-Id`` (``given``) when it sent a sane one, else a new id."""
     if given and len(given) <= 128 and given.isascii():
         return given
     return b"%s%08x" % (_ID_PREFIX, next(_ids))
