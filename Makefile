@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.bls-installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The unit tests: no engine, no worker process, no server; well under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests --ignore=tests/e2e
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

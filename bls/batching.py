@@ -125,6 +125,11 @@ class Batcher:
             raise slot.error
         return slot.value
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a batch to run them (the queue's depth)."""
+        return len(self._pending)
+
     def _take(self) -> list[_Slot]:
         pending = self._pending
         return [pending.popleft() for _ in range(min(len(pending), self.max_batch_size))]

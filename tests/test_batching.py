@@ -85,11 +85,14 @@ async def test_a_cancelled_caller_is_dropped_from_a_batch_not_yet_run() -> None:
                     await anyio.sleep(0.001)
             for i in (1, 2, 3):
                 tg.start_soon(one, i)  # these wait for the next batch
-            await anyio.sleep(0.005)
+            batcher = worker.__call__
             async with anyio.create_task_group() as inner:
                 inner.start_soon(one, 99)
-                await anyio.sleep(0.005)
-                inner.cancel_scope.cancel()  # 99 is cancelled while waiting
+                with anyio.fail_after(5):
+                    while batcher.waiting < 4:  # noqa: ASYNC110 - a plain count, bounded
+                        await anyio.sleep(0.001)
+                inner.cancel_scope.cancel()  # 99 is cancelled while it waits
+            assert batcher.waiting == 3  # taken out of the queue, not run
             worker.gate.set()
     assert 99 not in worker.seen
     assert results == {0: 0, 1: 2, 2: 4, 3: 6}

@@ -16,6 +16,7 @@ import pytest
 
 from .cli import ROOT, bls_env, require_vllm, run_bls
 from .procs import Proc, last_spans, serving, start, stop, wait_for
+from .rawio import receive_until
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
@@ -131,9 +132,8 @@ def test_a_disconnect_cancels_the_classifier_and_aborts_the_generation(
                 b"POST /v1/scripts/ensemble HTTP/1.1\r\nHost: x\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
             )
-            received = b""
-            while received.count(b"data: ") < 2:  # the generation is under way
-                received += sock.recv(65536)
+            # Two events: the generation is under way.
+            received = receive_until(sock, lambda d: d.count(b"data: ") >= 2, timeout=60)
         assert received.startswith(b"HTTP/1.1 200")
         assert marker.with_suffix(".started").exists()  # and so is the classifier
         wait_for(lambda: marker.exists(), timeout=15)

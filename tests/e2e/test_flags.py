@@ -17,6 +17,7 @@ import pytest
 
 from .cli import run_bls
 from .procs import Proc, serving, wait_for, worker
+from .rawio import receive_until
 
 SERVED = "tests/e2e/served/served.py"
 STAGES = "tests/e2e/pipelines/remote_stages.py"
@@ -76,13 +77,7 @@ def _trickle(server: Proc, pause: float) -> bytes:
             sock.sendall(body[5:])
         except OSError:
             pass  # the server answered and closed already
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        return data
+        return receive_until(sock, lambda d: b"\r\n\r\n" in d)
 
 
 def test_body_timeout_0_bounds_a_body_by_the_request_deadline_only(slow: Proc) -> None:

@@ -30,6 +30,7 @@ from bls.transport.wire import Header, Kind
 
 from .cli import run_bls
 from .procs import serving, wait_for, worker
+from .rawio import http_response, recv_frames
 
 HERE = "tests/e2e/hardening"
 STAGES = f"{HERE}/stages.py"
@@ -52,7 +53,7 @@ class RawPeer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.sock.poll(50):
-                frames = self.sock.recv_multipart()
+                frames = recv_frames(self.sock)
                 parsed = wire.parse(frames)
                 assert parsed is not None, frames
                 header, rest = parsed
@@ -416,22 +417,6 @@ def _post(url: str, body: str) -> tuple[int, Any]:
     return r.status_code, r.json()
 
 
-def _read_response(sock: socket.socket) -> bytes:
-    """One whole HTTP/1.1 response with a Content-Length body."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.lower().split(b"\r\n")
-        if line.startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head + b"\r\n\r\n" + body
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_body_that_stalls_gets_408_and_frees_its_admission_slot(backend: str) -> None:
     with serving(KEEP, "--max-inflight", "2", "--body-timeout", "1", backend=backend) as server:
@@ -446,7 +431,7 @@ def test_a_body_that_stalls_gets_408_and_frees_its_admission_slot(backend: str) 
             trickles.append(sock)
         try:
             for sock in trickles:
-                answer = _read_response(sock)
+                answer = http_response(sock)
                 assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
                 assert b"did not arrive within 1s" in answer
             ok = httpx.post(f"{server.address}/v1/scripts/keep", json={"value": 1}, timeout=10)

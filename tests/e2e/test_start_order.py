@@ -40,7 +40,7 @@ def test_serve_starts_before_its_worker_and_takes_it_when_it_comes() -> None:
         assert ready.json()["error"]["stage"] == "whoami"
         started = time.monotonic()
         r = httpx.post(f"{proc.address}/v1/scripts/greet", json={"text": "x"}, timeout=10)
-        assert time.monotonic() - started < 2  # fails fast, no hang
+        assert time.monotonic() - started < 10  # fails fast, no hang (nor a 30 s wait)
         assert r.status_code == 503
         error = r.json()["error"]
         assert error["type"] == "stage_unavailable" and error["stage"] == "whoami"

@@ -20,6 +20,7 @@ from bls.transport import stream as transport_stream
 
 from .cli import BLS, ROOT, run_bls
 from .procs import wait_for, worker
+from .rawio import recv_frames
 
 sys.path.insert(0, str(ROOT / "tests/e2e/pipelines"))
 from remote_stages import Mark, Served
@@ -165,7 +166,7 @@ async def test_timeout_mid_stream_cancels_the_remote_handler(tmp_path: Path) -> 
             await anyio.to_thread.run_sync(lambda: wait_for(marker.exists, timeout=2))
             what, when = marker.read_text().split()
             assert what == "cancelled"
-            assert float(when) - t_cancel < 0.5
+            assert float(when) - t_cancel < 5  # at once, not after its million items
             binding: Any = rt.bindings["ticks"]
             assert binding.inflight == {proc.address: 0}
 
@@ -214,7 +215,7 @@ def test_worker_stops_at_the_deadline_without_a_cancel_frame(tmp_path: Path) -> 
         try:
             hello = wire.encode_hello(wire.Hello(wire.PROTOCOL, "slow"))
             peer.send_multipart([wire.encode_header(wire.Header(kind=wire.Kind.HELLO)), hello])
-            info = wire.decode_info(peer.recv_multipart()[1])
+            info = wire.decode_info(recv_frames(peer)[1])
             start = time.time()
             header = wire.Header(
                 kind=wire.Kind.CALL, call=1, deadline=start + 0.4, to=info.instance
@@ -234,7 +235,7 @@ def test_worker_stops_at_the_deadline_without_a_cancel_frame(tmp_path: Path) -> 
         assert proc.wait() == 0
     what, when = marker.read_text().split()
     assert what == "cancelled"
-    assert 0.3 < float(when) - start < 1.5
+    assert 0.3 < float(when) - start < 10  # at its 0.4 s deadline, not after its 30 s
     assert answer is not None and answer.kind == "deadline"
     assert proc.stats()["deadline"] == 1 and proc.stats()["cancelled"] == 0
 
@@ -278,7 +279,8 @@ async def test_sigkill_mid_stream_fails_fast_and_survivor_takes_new_calls(tmp_pa
             async with anyio.create_task_group() as tg:
                 for s in streams:
                     tg.start_soon(consume, s)
-            assert len(failed_after) == 1 and failed_after[0] < 1.0
+            # Noticed from the dropped connection, not the 15 s a silent peer gets.
+            assert len(failed_after) == 1 and failed_after[0] < 5
             for _ in range(4):
                 async with stage.stream("ticks", Mark(count=1, seconds=0)) as items:
                     assert [i async for i in items] == [0]

@@ -25,6 +25,7 @@ from bls.models.vllm import GenerateItem, GenerateRequest, VllmOptions, VllmWork
 
 from .cli import bls_env, require_vllm
 from .procs import Proc, start, stop, wait_for
+from .rawio import receive_until
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
@@ -189,9 +190,7 @@ def test_http_disconnect_aborts_the_request_in_the_workers_engine(remote_engine:
                 b"POST /v1/scripts/generate HTTP/1.1\r\nHost: x\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
             )
-            received = b""
-            while received.count(b"data: ") < 2:
-                received += sock.recv(65536)
+            received = receive_until(sock, lambda d: d.count(b"data: ") >= 2)
         assert received.startswith(b"HTTP/1.1 200")
         try:
             wait_for(lambda: len(_aborts(remote_engine)) > before, timeout=15)
