@@ -22,12 +22,16 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/bls run examples/hello.py --input '{"text": "hi"}'
 
+# The examples' own tests (examples/**/test_*.py, written with bls.testing) run apart:
+# they are named like the suite's (test_chat.py) and import their scripts by name.
 test: $(STAMP)
 	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest examples
 
-# The unit tests: no engine, no worker process, no server; well under a minute.
+# The unit tests and the examples' tests: no engine, worker process or server; under a minute.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests --ignore=tests/e2e
+	$(BIN)/python -m pytest examples
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

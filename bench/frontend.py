@@ -1,6 +1,6 @@
 """`bls serve` vs a bare Starlette route on the same server doing the same work.
 
-    python bench/frontend.py [--quick] [--backend asyncio|trio]
+    python bench/frontend.py [--quick] [--backend asyncio|trio] [--recording]
 
 Starts a `bls worker` (the remote stage), `bls serve bench/serving/app.py` and the floor
 (bench/serving/app.py run directly: Starlette on Uvicorn), then drives each with a
@@ -8,6 +8,9 @@ keep-alive HTTP/1.1 load generator in its own process at several concurrencies a
 req/s, p50 and the server's CPU time per request (user + system, from /proc) side by
 side. The two take turns for ``--rounds`` rounds; ratios are bls / floor per round, as
 median [min-max]. Absolute times drift on shared machines; compare within one run.
+
+``--recording`` measures what recording costs instead: `bls serve` against `bls serve
+--record DIR` (every request's stage calls written to a file), the same way.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from urllib.parse import urlsplit
 
@@ -117,11 +122,22 @@ def main() -> None:
         help="scripts to measure: noop (no stage), inline (one stage in process), remote",
     )
     parser.add_argument("--levels", type=int, nargs="+", help="concurrencies")
+    parser.add_argument(
+        "--recording",
+        action="store_true",
+        help="compare bls serve with bls serve --record instead of with the floor",
+    )
+    parser.add_argument(
+        "--record-in",
+        metavar="DIR",
+        help="with --recording: the file system the records go to (default: $TMPDIR)",
+    )
     args = parser.parse_args()
     seconds = args.seconds or (1.0 if args.quick else 3.0)
     levels = args.levels or ([1, 8, 32] if args.quick else [1, 4, 16, 64])
 
     procs = []
+    records = tempfile.mkdtemp(prefix="bls-bench-records-", dir=args.record_in)
     try:
         worker, address = spawn(
             [BLS, "worker", f"{SERVING_APP}:echo", "--listen", "tcp://127.0.0.1:0"]
@@ -129,11 +145,20 @@ def main() -> None:
         procs.append(worker)
         server, bls_url = serve_app(address, "--backend", args.backend, "--max-inflight", "1024")
         procs.append(server)
-        floor, floor_url = spawn([sys.executable, SERVING_APP, address])
-        procs.append(floor)
+        if args.recording:  # the floor is bls itself; the contender records
+            floor, floor_url = server, bls_url
+            server, bls_url = serve_app(
+                address, "--backend", args.backend, "--max-inflight", "1024", "--record", records
+            )
+            procs.append(server)
+            what = f"bls serve --record ({args.backend}) vs bls serve (the floor)"
+        else:
+            floor, floor_url = spawn([sys.executable, SERVING_APP, address])
+            procs.append(floor)
+            what = f"bls serve ({args.backend}) vs bare Starlette on Uvicorn"
 
         print(
-            f"bls serve ({args.backend}) vs bare Starlette on Uvicorn, {seconds:g} s each, "
+            f"{what}, {seconds:g} s each, "
             f"{args.rounds} round(s); bls / floor per round: median [min-max]\n"
         )
         print(
@@ -162,6 +187,7 @@ def main() -> None:
                 )
     finally:
         stop_all(procs)
+        shutil.rmtree(records, ignore_errors=True)
 
 
 if __name__ == "__main__":

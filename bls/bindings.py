@@ -31,7 +31,15 @@ from .paths import missing
 from .scope import NO_CONTEXT, CallContext
 from .worker import Worker
 
-__all__ = ["Binding", "InlineBinding", "binding_for", "load_target", "scheme_of", "worker_error"]
+__all__ = [
+    "Binding",
+    "InlineBinding",
+    "Wrapper",
+    "binding_for",
+    "load_target",
+    "scheme_of",
+    "worker_error",
+]
 
 
 class Binding:
@@ -114,6 +122,59 @@ class Binding:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {self.description}>"
+
+
+class Wrapper(Binding):
+    """A binding in front of another (``inner``): everything is the inner binding's
+    unless a subclass says otherwise (a result cache, a recorder)."""
+
+    def __init__(self, inner: Binding) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    @property
+    def signature(self) -> Signature:  # type: ignore[override]
+        return self.inner.signature
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        return self.inner.description
+
+    @property
+    def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.inner.schemas
+
+    @property
+    def type_labels(self) -> tuple[str, str]:
+        return self.inner.type_labels
+
+    async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
+        await self.inner.open(tg)
+
+    def resolve_later(self, check: Callable[[], list[str]]) -> bool:
+        return self.inner.resolve_later(check)
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    def expect(self, tp: Any) -> None:
+        super().expect(tp)
+        self.inner.expect(tp)
+
+    async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
+        return await self.inner.call(req, ctx)
+
+    async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
+        return await self.inner.invoke(req, ctx)
+
+    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
+        return self.inner.stream(req, ctx)
 
 
 def worker_error(stage: str, exc: BaseException) -> StageError:

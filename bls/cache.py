@@ -35,7 +35,7 @@ import collections
 import contextvars
 import hashlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,9 +43,9 @@ import anyio
 import anyio.abc
 import msgspec
 
-from .bindings import Binding
+from .bindings import Binding, Wrapper
 from .errors import InvalidRequest, StageError
-from .messages import Signature, convert
+from .messages import convert
 from .scope import NO_CONTEXT, CallContext
 
 __all__ = ["CacheOptions", "CacheReport", "CacheStats", "CachedBinding", "cache_report"]
@@ -136,7 +136,7 @@ def _with(obj: Any, field: str, value: Any) -> Any:
     return msgspec.structs.replace(obj, **{field: value})
 
 
-class CachedBinding(Binding):
+class CachedBinding(Wrapper):
     """``inner`` (a unary binding) behind a byte-bounded, single-flight LRU cache."""
 
     def __init__(self, inner: Binding, options: CacheOptions, identity: dict[str, Any]) -> None:
@@ -144,8 +144,7 @@ class CachedBinding(Binding):
             raise ValueError("cache: 'items' and 'results' go together (or neither)")
         if options.capacity_mb <= 0:
             raise ValueError("cache: capacity_mb must be positive")
-        self.inner = inner
-        self.name = inner.name
+        super().__init__(inner)
         self.options = options
         self.capacity = int(options.capacity_mb * 1024 * 1024)
         self.stats = CacheStats()
@@ -153,23 +152,11 @@ class CachedBinding(Binding):
         self._lru: collections.OrderedDict[bytes, tuple[Any, int]] = collections.OrderedDict()
         self._flights: dict[bytes, _Flight] = {}
 
-    # -- delegated --------------------------------------------------------------------
-
-    @property
-    def signature(self) -> Signature:  # type: ignore[override]
-        return self.inner.signature
+    # -- what differs from the inner binding -------------------------------------------
 
     @property
     def description(self) -> str:  # type: ignore[override]
         return f"{self.inner.description}, cached"
-
-    @property
-    def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        return self.inner.schemas
-
-    @property
-    def type_labels(self) -> tuple[str, str]:
-        return self.inner.type_labels
 
     def _unary_only(self) -> str:
         if self.inner.signature.streaming:
@@ -187,22 +174,6 @@ class CachedBinding(Binding):
             return [problem] if problem else check()
 
         return self.inner.resolve_later(checked)
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    def ready(self) -> bool:
-        return self.inner.ready()
-
-    def expect(self, tp: Any) -> None:
-        super().expect(tp)
-        self.inner.expect(tp)
-
-    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
-        return self.inner.stream(req, ctx)
 
     # -- the cache --------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ stderr by :func:`bls.console.claim_stdout`.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import traceback
@@ -23,11 +22,22 @@ from . import __version__, commands
 from .config import ConfigError
 from .console import UsageError
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .flags import (
+    add_backend_arg,
+    add_binding_args,
+    add_common_args,
+    add_connect_timeout_arg,
+    add_discovery_args,
+    add_verbose_arg,
+    count,
+    seconds,
+)
+from .recording import RecordError
+from .replay import Divergence
 from .runtime import BindingError
 
 __all__ = ["main"]
 
-BACKENDS = ("asyncio", "trio")
 MAX_INFLIGHT = 1_000_000  # calls or requests at once: more is a typo, not a plan
 MAX_FRAME_BYTES = 2**62  # what ZeroMQ's message size limit (a signed 64-bit) takes
 
@@ -39,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bls {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_run, _check, _worker, _serve, _keygen, _bench):
+    for add in (_run, _check, _replay, _worker, _serve, _keygen, _bench):
         add(sub)
     return parser
 
@@ -65,6 +75,12 @@ def _run(sub: Any) -> None:
         help="deadline for the request, seconds (default and 0: none)",
     )
     run.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write the request's stage calls (each request, item, error and when) to FILE, "
+        "for bls replay",
+    )
+    run.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -78,6 +94,23 @@ def _run(sub: Any) -> None:
     add_connect_timeout_arg(run, "then the run fails naming the stage")
     add_discovery_args(run)
     run.set_defaults(handler=commands.run)
+
+
+def _replay(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="run a script again on a recorded request, every stage answered from the record",
+        description="Run SCRIPT on the request recorded in FILE (bls run --record, bls serve "
+        "--record), every stage answered as it was then: no worker, model or bls.toml is "
+        "needed. Prints the result as bls run does. Exits 1 naming the first divergence "
+        "(which call, which field, what the record has and what the script gave) when the "
+        "script now calls or answers differently.",
+    )
+    p.add_argument("file", help="the record")
+    p.add_argument("script", help="path to the script file")
+    p.add_argument("--entry", help="the entry to run (default: the one the record names)")
+    add_common_args(p)
+    p.set_defaults(handler=commands.replay)
 
 
 def _check(sub: Any) -> None:
@@ -192,6 +225,12 @@ def _serve(sub: Any) -> None:
         choices=["auto", "uvicorn", "hypercorn"],
         default="auto",
         help="HTTP server (default: uvicorn on asyncio, hypercorn on trio)",
+    )
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        help="write each request's stage calls into DIR, one file per request (ID.blsrec), "
+        "for bls replay",
     )
     p.add_argument(
         "--model-alias",
@@ -321,120 +360,6 @@ def _bench(sub: Any) -> None:
     p.set_defaults(handler=commands.bench)
 
 
-# -- flags several commands share --------------------------------------------------
-
-
-def add_verbose_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show everything libraries and engines print, their known-harmless warnings "
-        "included (also: BLS_VERBOSE=1)",
-    )
-
-
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    """What every command takes."""
-    p.add_argument(
-        "--traceback",
-        action="store_true",
-        help="show the full traceback of an error (also: BLS_TRACEBACK=1)",
-    )
-
-
-def add_binding_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--bind",
-        action="append",
-        default=[],
-        metavar="NAME=TARGET",
-        help="bind a stage: module:attr, file.py:attr, or tcp://HOST:PORT[,tcp://...] "
-        "(repeatable; wins over bls.toml and --config)",
-    )
-    p.add_argument(
-        "--config", metavar="FILE", help="a bls.toml to apply over the one beside the script"
-    )
-
-
-def add_connect_timeout_arg(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--connect-timeout",
-        type=seconds(positive=True),
-        metavar="S",
-        help=f"how long to wait for each remote stage's first replica to answer; {what} "
-        "(default: [transport] connect_timeout_s in bls.toml, 5)",
-    )
-
-
-def add_discovery_args(p: argparse.ArgumentParser, *, worker: bool = False) -> None:
-    what = (
-        "register this worker in etcd (etcd://HOST:2379) under its stage name; also where "
-        "its own stages bound to etcd:NAME are found"
-        if worker
-        else 'etcd://HOST:2379, where stages bound to etcd:NAME (or discover = "NAME" in '
-        "bls.toml) find their workers"
-    )
-    p.add_argument("--discovery", metavar="URL", help=what)
-    p.add_argument(
-        "--namespace",
-        metavar="NS",
-        help="the etcd namespace: keys under /NS/stages/ (default: bls)",
-    )
-    if worker:
-        p.add_argument(
-            "--advertise",
-            metavar="ADDR",
-            help="the address callers reach this worker at, as registered in etcd "
-            "(default: the --listen address, unless it listens on all interfaces)",
-        )
-
-
-def add_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--backend", choices=BACKENDS, default="asyncio", help="event loop (default: asyncio)"
-    )
-
-
-# Numbers: each flag's range is checked as it is parsed, so a value out of range is
-# refused at start-up (argparse's usage line, exit 2) naming the flag, never found out at
-# the first request.
-
-
-def seconds(*, zero_is_none: bool = False, positive: bool = False) -> Callable[[str], float | None]:
-    """A number of seconds: finite or ``inf``, never negative or NaN. ``zero_is_none``:
-    0 means no limit (None); ``positive``: 0 is refused."""
-
-    def parse(text: str) -> float | None:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if math.isnan(value) or value < 0 or (positive and value == 0):
-            least = "more than 0" if positive else "0 or more"
-            raise argparse.ArgumentTypeError(f"expected {least} seconds, got {text!r}")
-        if zero_is_none and value == 0:
-            return None
-        return value
-
-    return parse
-
-
-def count(least: int, most: int | None = None) -> Callable[[str], int]:
-    """A whole number from ``least`` to ``most`` (no upper bound when None)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least or (most is not None and value > most):
-            wanted = f"from {least} to {most}" if most is not None else f"{least} or more"
-            raise argparse.ArgumentTypeError(f"expected a whole number {wanted}, got {text!r}")
-        return value
-
-    return parse
-
-
 # -- running a command ---------------------------------------------------------------
 
 
@@ -450,6 +375,10 @@ def _describe_error(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, BindingError):
         return "\nerror: ".join(exc.problems)
+    if isinstance(exc, Divergence):
+        return f"the script no longer does what the record says: {exc}"
+    if isinstance(exc, RecordError):
+        return str(exc)
     return None
 
 

@@ -18,8 +18,11 @@ import msgspec
 
 from .config import Config, ConfigError
 from .console import claim_stdout, emit, read_input, ready_line, setup_logging
+from .recording import Recorder, dump
+from .replay import read, replay_file
+from .scope import RequestScope
 
-__all__ = ["bench", "check", "keygen", "run", "serve", "worker"]
+__all__ = ["bench", "check", "keygen", "replay", "run", "serve", "worker"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,14 +31,16 @@ def run(args: argparse.Namespace) -> int:
 
     claim_stdout()
     setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
-    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
+    record = bool(args.record)
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind, record=record)
     _apply_connect_timeout(app.config, args.connect_timeout)
     _apply_discovery(app.config, args)
     entry = app.entry(args.entry)
     req = entry.decode(read_input(args.input))
+    recorder = Recorder(app.path) if record else None
 
     async def main() -> None:
-        async with app.runtime() as rt:
+        async with app.runtime() as rt, RequestScope("run", record=recorder):
             if entry.streaming:
                 async with rt.run_stream(entry, req, timeout=args.timeout) as items:
                     async for item in items:
@@ -43,7 +48,29 @@ def run(args: argparse.Namespace) -> int:
             else:
                 _write_line(await rt.run(entry, req, timeout=args.timeout))
 
-    anyio.run(main, backend=args.backend)
+    try:
+        anyio.run(main, backend=args.backend)
+    finally:
+        if recorder is not None:  # a failed request's record too
+            Path(args.record).write_bytes(dump(recorder.finish()))
+    return 0
+
+
+def replay(args: argparse.Namespace) -> int:
+    """``bls replay``: a record's request through a script again; its result as JSON lines
+    (exit 0 when it replays as recorded, a request that failed failing the same way)."""
+    claim_stdout()
+    setup_logging("warning", libraries="warning", verbose=False)
+    for answer in replay_file(args.file, args.script, args.entry):
+        _write_line(answer)
+    failed = read(args.file).error
+    if failed is not None:
+        logging.getLogger("bls").warning(
+            "the request failed as recorded: %s from stage %r: %s",
+            failed.kind,
+            failed.stage,
+            failed.message,
+        )
     return 0
 
 
@@ -150,7 +177,9 @@ def serve(args: argparse.Namespace) -> int:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
-    app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
+    app = ScriptFile(
+        args.script, config_file=args.config, binds=args.bind, record=bool(args.record)
+    )
     _apply_connect_timeout(app.config, args.connect_timeout)
     _apply_discovery(app.config, args)
     limits = Limits(
@@ -172,6 +201,7 @@ def serve(args: argparse.Namespace) -> int:
             limits,
             server=args.server,
             model_aliases=args.model_alias,
+            record_to=args.record,
             on_ready=lambda url, down: emit(ready_line(url, down)),
         ),
         backend=args.backend,

@@ -190,8 +190,11 @@ def load_config(
         name, stage_config = parse_bind(spec)
         previous = merged.stages.get(name)
         if previous is not None:  # moving a stage keeps its options and its cache
-            stage_config.options = previous.options
             stage_config.cache = previous.cache
+            # ...but another class in process is not given the options of the one it
+            # replaces (bls.toml's vLLM options are not FakeLLM's).
+            if not (stage_config.inline and previous.inline != stage_config.inline):
+                stage_config.options = previous.options
         merged.stages[name] = stage_config
     for name, extra in (options or {}).items():
         if name not in merged.stages:

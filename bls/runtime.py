@@ -24,6 +24,7 @@ from .check import StageUse, declare, type_problems, use_problems
 from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature
+from .recording import noted_items, noted_result
 from .scope import (
     CallContext,
     OpenStreams,
@@ -325,13 +326,17 @@ class Runtime:
         req = entry.coerce(req)
         token = _current.set(self)
         try:
+            ctx = current_context()
+            result = entry.fn(req)
+            if ctx.record is not None:
+                result = noted_result(ctx.record, entry.name, req, result)
             if timeout is None:  # no scope of its own: the caller's scopes govern it
-                if current_context().streams is not None:  # a request's: it closes them
-                    return entry.check_result(await entry.fn(req))
+                if ctx.streams is not None:  # a request's: it closes them
+                    return entry.check_result(await result)
                 async with _streams_closed():
-                    return entry.check_result(await entry.fn(req))
-            async with _own_scope(entry, current_context(), timeout):
-                return entry.check_result(await entry.fn(req))
+                    return entry.check_result(await result)
+            async with _own_scope(entry, ctx, timeout):
+                return entry.check_result(await result)
             raise _deadline(entry, timeout)
         finally:
             _current.reset(token)
@@ -353,7 +358,7 @@ class Runtime:
         req = entry.coerce(req)
         token = _current.set(self)
         try:
-            async with _streams_closed(), aclosing(entry.fn(req)) as agen:
+            async with _streams_closed(), aclosing(_items(entry, req)) as agen:
                 async for item in agen:
                     await sink(item)
         finally:
@@ -383,7 +388,7 @@ class Runtime:
             async with send:
                 try:
                     async with scope:
-                        async with aclosing(entry.fn(req)) as agen:
+                        async with aclosing(_items(entry, req)) as agen:
                             async for item in agen:
                                 await send.send(item)
                         return
@@ -410,6 +415,14 @@ class Runtime:
             raise failure
 
 
+def _items(entry: Script, req: Any) -> Any:
+    """A streaming entry's items, noted in the request's recording when it keeps one."""
+    ctx = current_context()
+    if ctx.record is None:
+        return entry.fn(req)
+    return noted_items(ctx.record, entry.name, req, entry.fn(req))
+
+
 @asynccontextmanager
 async def _streams_closed() -> AsyncIterator[None]:
     """The stage streams opened inside and left open are closed at the end, unless a
@@ -419,7 +432,7 @@ async def _streams_closed() -> AsyncIterator[None]:
         yield
         return
     streams = OpenStreams()
-    token = enter(CallContext(ctx.deadline, ctx.trace, ctx.span, streams))
+    token = enter(CallContext(ctx.deadline, ctx.trace, ctx.span, streams, ctx.record))
     try:
         yield
     finally:
@@ -430,7 +443,9 @@ async def _streams_closed() -> AsyncIterator[None]:
 def _own_scope(entry: Script, ctx: CallContext, timeout: float | None) -> RequestScope:
     """A request's own scope inside its caller's (``ctx``): the caller's trace and span,
     the caller's deadline carried, and ``timeout`` of its own."""
-    scope = RequestScope(entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline)
+    scope = RequestScope(
+        entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline, record=ctx.record
+    )
     if timeout is not None:
         scope.expire_after(timeout)
     return scope

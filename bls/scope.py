@@ -52,10 +52,11 @@ CLOSE_S = 5.0  # how long the streams a request left open get to close when it e
 
 
 class CallContext:
-    """What a stage call carries: the deadline, where its span goes, and the request's
-    open streams (immutable; the streams are the request's one set)."""
+    """What a stage call carries: the deadline, where its span goes, the request's open
+    streams, and the request's recording when one is kept (immutable; the streams and the
+    recording are the request's own)."""
 
-    __slots__ = ("deadline", "span", "streams", "trace")
+    __slots__ = ("deadline", "record", "span", "streams", "trace")
 
     def __init__(
         self,
@@ -63,11 +64,13 @@ class CallContext:
         trace: Trace | None = None,
         span: Span | None = None,
         streams: OpenStreams | None = None,
+        record: Any = None,
     ) -> None:
         self.deadline = deadline  # epoch seconds; inf: none
         self.trace = trace  # None: untraced (the runtime records nothing)
         self.span = span  # the span new calls are children of (None: the trace's root)
         self.streams = streams  # None: outside any request (the runtime's own then)
+        self.record = record  # a bls.recording.Recorder, or None
 
     @property
     def parent(self) -> int:
@@ -83,11 +86,11 @@ class CallContext:
         """The same, with the deadline lowered to ``deadline`` (never raised)."""
         if deadline >= self.deadline:
             return self
-        return CallContext(deadline, self.trace, self.span, self.streams)
+        return CallContext(deadline, self.trace, self.span, self.streams, self.record)
 
     def under(self, span: Span) -> CallContext:
         """The same, for calls made inside ``span``."""
-        return CallContext(self.deadline, self.trace, span, self.streams)
+        return CallContext(self.deadline, self.trace, span, self.streams, self.record)
 
     def __repr__(self) -> str:
         trace = self.trace.id if self.trace is not None else None
@@ -141,10 +144,11 @@ class RequestScope:
     knows why, and :attr:`expired` tells a deadline from a cancel.
 
     Inside, the request's :class:`CallContext` is current: that deadline (or ``carried``,
-    a caller's earlier one that the caller's own scopes enforce), ``trace`` and ``span``,
-    so every stage call carries them. A stage stream the request opened and left open
-    (a loop left with ``break``, an exception) is closed as the scope ends: a remote
-    worker is told to stop, its span is closed.
+    a caller's earlier one that the caller's own scopes enforce), ``trace``, ``span`` and
+    ``record`` (a :class:`bls.recording.Recorder`), so every stage call carries them. A
+    stage stream the request opened and left open (a loop left with ``break``, an
+    exception) is closed as the scope ends: a remote worker is told to stop, its span is
+    closed.
     """
 
     __slots__ = (
@@ -170,10 +174,11 @@ class RequestScope:
         carried: float = math.inf,
         shield: bool = False,
         loop: Backend | None = None,
+        record: Any = None,
     ) -> None:
         self.id = request_id
         self._carried = carried
-        self.ctx = CallContext(carried, trace, span, OpenStreams())
+        self.ctx = CallContext(carried, trace, span, OpenStreams(), record)
         self._backend = loop or backend()  # a server that knows its loop passes it
         self._scope = self._backend.cancel_scope(shield=shield)
         self._when = math.inf  # the deadline in loop time
@@ -194,7 +199,9 @@ class RequestScope:
         """The cancel scope's deadline, and the one stage calls carry from now on (a
         cancel stays a cancel)."""
         ctx = self.ctx
-        self.ctx = CallContext(min(wall, self._carried), ctx.trace, ctx.span, ctx.streams)
+        self.ctx = CallContext(
+            min(wall, self._carried), ctx.trace, ctx.span, ctx.streams, ctx.record
+        )
         if self._token is not None and not self._exited:
             _context.set(self.ctx)  # this task's context, undone on exit with the rest
         if self._exited:

@@ -6,11 +6,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .bindings import Binding, load_module
+from .bindings import Binding, Wrapper, load_module
 from .check import StageUse, find_stage_uses, names_stages_dynamically, typed_handles
 from .config import Config, ConfigError, check_names, load_config, make_bindings
 from .entry import Script, entries
 from .paths import missing
+from .recording import RecordingBinding
 from .runtime import Runtime
 
 __all__ = ["ScriptFile"]
@@ -30,6 +31,8 @@ class ScriptFile:
         config_file: str | Path | None = None,
         binds: Iterable[str] = (),
         options: dict[str, dict[str, Any]] | None = None,
+        configured: bool = True,
+        record: bool = False,
     ) -> None:
         path = Path(script)
         if not path.is_file():
@@ -39,13 +42,26 @@ class ScriptFile:
         self.entries: dict[str, Script] = entries(self.module)
         if not self.entries:
             raise ConfigError(f"{script} defines no @bls.script entrypoint")
-        self.config: Config = load_config(path, config_file, binds, options)
-        self.bindings: dict[str, Binding] = make_bindings(self.config)
         self.uses: list[StageUse] = find_stage_uses(path, self.module)
+        self.declared = typed_handles(self.module)
+        self.config = Config()
+        self.bindings: dict[str, Binding] = {}
+        if configured:  # else the caller binds the stages (bls replay, bls.testing)
+            self._bind(load_config(path, config_file, binds, options), record)
+
+    def _bind(self, config: Config, record: bool) -> None:
+        """The bindings ``config`` asks for, each in front of a recorder when ``record``."""
+        path = self.path
+        self.config = config
+        self.bindings = make_bindings(config)
+        if record:
+            self.bindings = {n: RecordingBinding(b) for n, b in self.bindings.items()}
         sources = [path]
         modules = [self.module]
         for binding in self.bindings.values():
             # A script bound as a stage: the names it uses must be bound here too.
+            while isinstance(binding, Wrapper):  # a recorder's, a cache's
+                binding = binding.inner
             source = getattr(binding, "script_file", None)
             if source and Path(source).resolve() != path.resolve():
                 module = getattr(binding, "script_module", None)

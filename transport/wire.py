@@ -6,7 +6,8 @@ A message is a list of ZeroMQ frames::
 
 - ``header``: a msgspec-msgpack :class:`Header` (kind, call id, stage, absolute deadline,
   credit/ack counters, trace context), small and fixed in shape.
-- ``payload``: the msgspec-msgpack encoding of the request, result, item or error.
+- ``payload``: the msgspec-msgpack encoding of the request, result, item or error
+  (:class:`bls.codec.Codec`, which recordings use too).
 - ``buffers``: raw memory of numpy arrays / torch tensors found in the payload, sent
   zero-copy; the payload holds ``(dtype, shape, frame index)`` in their place (the way
   vLLM's v1 engine-core protocol carries tensors). Small arrays are inlined. Nothing is
@@ -22,13 +23,12 @@ arrays and tensors only when the receiving process has loaded numpy or torch its
 from __future__ import annotations
 
 import math
-import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
+from bls.codec import Codec
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
 from bls.scope import LATEST_DEADLINE
 from bls.tracing import Span
@@ -51,12 +51,8 @@ __all__ = [
 ]
 
 PROTOCOL = 1
-INLINE_MAX = 1024  # arrays up to this many bytes travel inside the payload
 MAX_CREDIT = 1024  # stream items a caller may let a worker send ahead, at most
 _MAX_ID = 2**63 - 1
-
-_EXT_NDARRAY = 1
-_EXT_TENSOR = 2
 
 
 class Kind:
@@ -185,101 +181,6 @@ def invalid(header: Header) -> str:
 
 def frame_sizes(frames: Sequence[Any]) -> int:
     return sum(len(f) for f in frames)
-
-
-def _loaded(module: str) -> Any:
-    """A module this process has imported itself; ValueError when it has not."""
-    found = sys.modules.get(module)
-    if found is None:
-        raise ValueError(
-            f"the payload holds a {module} array, and this process does not use {module}"
-        )
-    return found
-
-
-class Codec:
-    """Payload encoder/decoder with zero-copy side buffers for arrays and tensors.
-
-    One instance per type to decode into; not thread-safe (one event loop thread).
-    """
-
-    def __init__(self, tp: Any = Any) -> None:
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
-        self._decoder = msgspec.msgpack.Decoder(type=tp, ext_hook=self._ext_hook)
-        self._out: list[Any] = []
-        self._in: Sequence[Any] = ()
-
-    # -- encoding ---------------------------------------------------------------------
-
-    def encode(self, value: Any) -> list[Any]:
-        """``[payload, *buffers]`` for ``value``."""
-        self._out = out = [b""]
-        out[0] = self._encoder.encode(value)
-        self._out = []
-        return out
-
-    def _enc_hook(self, obj: Any) -> Any:
-        mod = type(obj).__module__
-        if mod == "numpy" and type(obj).__name__ == "ndarray":
-            return self._array(obj, _EXT_NDARRAY)
-        if mod.startswith("torch") and type(obj).__name__ in ("Tensor", "Parameter"):
-            return self._array(obj.detach().cpu().contiguous().numpy(), _EXT_TENSOR)
-        raise TypeError(f"cannot send a value of type {type(obj).__qualname__} over the wire")
-
-    def _array(self, arr: Any, code: int) -> msgspec.msgpack.Ext:
-        np = sys.modules["numpy"]  # the value is a numpy array: numpy is loaded
-        if arr.dtype.hasobject:
-            raise TypeError("cannot send an array of Python objects over the wire")
-        arr = np.ascontiguousarray(arr)
-        shape = list(arr.shape)
-        dtype = arr.dtype.str
-        if arr.nbytes <= INLINE_MAX:
-            meta = (dtype, shape, -1, arr.tobytes())
-        else:
-            self._out.append(memoryview(arr).cast("B"))
-            meta = (dtype, shape, len(self._out) - 1, b"")
-        return msgspec.msgpack.Ext(code, _meta_encoder.encode(meta))
-
-    # -- decoding ---------------------------------------------------------------------
-
-    def decode(self, payload: Any, buffers: Sequence[Any] = ()) -> Any:
-        """Decode ``payload`` (raises msgspec.ValidationError/DecodeError when it fails)."""
-        self._in = buffers
-        try:
-            return self._decoder.decode(payload)
-        finally:
-            self._in = ()
-
-    def _ext_hook(self, code: int, data: memoryview) -> Any:
-        if code not in (_EXT_NDARRAY, _EXT_TENSOR):
-            raise ValueError(f"unknown extension type {code}")
-        if code == _EXT_TENSOR:
-            _loaded("torch")
-        np = _loaded("numpy")  # tensors arrive as numpy arrays first
-        dtype, shape, index, inline = _meta_decoder.decode(data)
-        if index < 0:
-            buf: Any = inline
-        else:
-            if not 0 < index < len(self._in) + 1:
-                raise ValueError(f"array refers to missing buffer frame {index}")
-            frame = self._in[index - 1]
-            buf = frame.buffer if hasattr(frame, "buffer") else frame
-        arr = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
-        if code == _EXT_TENSOR:
-            return _tensor(arr)
-        return arr
-
-
-_meta_encoder = msgspec.msgpack.Encoder()
-_meta_decoder = msgspec.msgpack.Decoder(tuple[str, list[int], int, bytes])
-
-
-def _tensor(arr: Any) -> Any:
-    torch: Any = sys.modules["torch"]
-    with warnings.catch_warnings():
-        # The frame's memory is read-only; the tensor shares it (zero-copy).
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr)
 
 
 _error_codec = Codec(ErrorInfo)

@@ -36,6 +36,7 @@ from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
 from ..lifecycle import Drain
 from ..loop import Backend, backend
+from ..recording import Recorder, RecordWriter
 from ..runtime import Runtime
 from ..tracing import Trace, TraceStore, outcome_of
 from . import chat, openapi, pages
@@ -79,8 +80,10 @@ class Frontend:
         limits: Limits | None = None,
         export: Callable[[Trace], None] | None = None,
         model_aliases: Sequence[str] = (),
+        records: RecordWriter | None = None,
     ) -> None:
         self.entries = entries
+        self.records = records  # each request's record goes here (bls serve --record)
         self.runtime = runtime
         self.title = title
         self.limits = limits or Limits()
@@ -262,7 +265,8 @@ class Frontend:
         if loop is None:  # the first request: the loop it runs on serves them all
             loop = self._loop = backend()
         root = trace.open(entry.name, 0, "script", entry.streaming)
-        request = Request(rid, entry.name, trace, root, loop, headers)
+        recorder = Recorder(self.records.script) if self.records is not None else None
+        request = Request(rid, entry.name, trace, root, loop, headers, recorder)
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -360,6 +364,9 @@ class Frontend:
             except Exception:  # telemetry never fails a request
                 log.exception("could not export the trace of request %s", request.id)
         self.metrics.request(request.entry, request.status, elapsed)
+        recorder = request.scope.ctx.record
+        if recorder is not None and self.records is not None:
+            self.records.write(request.id, recorder.finish())
         access.info(
             "%s %s %s %d %.1fms",
             request.id,

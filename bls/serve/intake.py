@@ -10,6 +10,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -76,6 +77,7 @@ class Request:
         root: Span,
         loop: Backend,
         headers: Headers,
+        record: Any = None,
     ) -> None:
         self.id = request_id
         self.headers = headers
@@ -84,7 +86,7 @@ class Request:
         self.trace = trace
         self.root = root  # the request's own span
         # The request's deadline, disconnect and drain.
-        self.scope = RequestScope(request_id, trace=trace, span=root, loop=loop)
+        self.scope = RequestScope(request_id, trace=trace, span=root, loop=loop, record=record)
         self.reading = True  # its body has not all arrived yet
         self.disconnected = False
         self.shutdown = False

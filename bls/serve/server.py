@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 
 from ..lifecycle import serve_until_signal
+from ..recording import RecordWriter
 from ..scriptfile import ScriptFile
 from .app import Frontend
 from .intake import Limits
@@ -137,10 +138,12 @@ async def serve(
     *,
     server: str = "auto",
     model_aliases: Sequence[str] = (),
+    record_to: str | None = None,
     on_ready: Callable[[str, list[str]], None] = lambda url, _: print(f"ready {url}", flush=True),
 ) -> int:
     """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0).
-    ``on_ready(url, unreachable)`` is told the URL and the stages not reachable yet."""
+    ``on_ready(url, unreachable)`` is told the URL and the stages not reachable yet;
+    ``record_to``: a folder each request's record is written to (its bindings record)."""
     import sniffio
 
     backend = sniffio.current_async_library()
@@ -152,48 +155,55 @@ async def serve(
     from .otel import from_environment
 
     export = from_environment()
-    async with app.runtime(start_unreachable=True) as runtime:
-        frontend = Frontend(
-            app.entries,
-            runtime,
-            title=app.path.name,
-            limits=limits,
-            export=export,
-            model_aliases=model_aliases,
-        )
-        sock = _listen(host, port)
-        stop = anyio.Event()
-
-        def ready(_: object) -> None:
-            # What start-up loaded (modules, models) lives as long as the process: keep it
-            # out of the collector's full passes, which requests trigger; and collect the
-            # young generation less often (each request allocates ~100 tracked objects,
-            # almost none of them in cycles).
-            gc.freeze()
-            gc.set_threshold(20_000, 20, 20)
-            log.info(
-                "serving %s (%s) on %s with %s/%s",
-                app.path,
-                ", ".join(app.entries),
-                _url(sock),
-                server,
-                backend,
+    records = RecordWriter(record_to, app.path) if record_to else None
+    async with contextlib.AsyncExitStack() as stack:
+        if records is not None:
+            await stack.enter_async_context(records)
+        async with app.runtime(start_unreachable=True) as runtime:
+            frontend = Frontend(
+                app.entries,
+                runtime,
+                title=app.path.name,
+                limits=limits,
+                export=export,
+                model_aliases=model_aliases,
+                records=records,
             )
-            on_ready(_url(sock), runtime.unreachable())
+            sock = _listen(host, port)
+            stop = anyio.Event()
 
-        async def stopped(_: anyio.abc.TaskGroup) -> None:
-            stop.set()  # the server finishes its connections and returns
+            def ready(_: object) -> None:
+                # What start-up loaded (modules, models) lives as long as the process: keep it
+                # out of the collector's full passes, which requests trigger; and collect the
+                # young generation less often (each request allocates ~100 tracked objects,
+                # almost none of them in cycles).
+                gc.freeze()
+                gc.set_threshold(20_000, 20, 20)
+                log.info(
+                    "serving %s (%s) on %s with %s/%s",
+                    app.path,
+                    ", ".join(app.entries),
+                    _url(sock),
+                    server,
+                    backend,
+                )
+                on_ready(_url(sock), runtime.unreachable())
 
-        await serve_until_signal(
-            frontend,
-            partial(run_server, frontend, sock, stop),
-            grace=limits.grace,
-            what="bls serve",
-            noun="request(s)",
-            on_ready=ready,
-            stop=stopped,
-        )
+            async def stopped(_: anyio.abc.TaskGroup) -> None:
+                stop.set()  # the server finishes its connections and returns
+
+            await serve_until_signal(
+                frontend,
+                partial(run_server, frontend, sock, stop),
+                grace=limits.grace,
+                what="bls serve",
+                noun="request(s)",
+                on_ready=ready,
+                stop=stopped,
+            )
     if export is not None:
         export.close()
+    if records is not None:
+        log.info("recorded %d request(s) in %s", records.sent, record_to)
     log.info("stopped")
     return 0

@@ -20,6 +20,10 @@ GENERATOR_OPTIONS = [
     "--option",
     "dtype=float32",
 ]
+# FakeLLM in place of the engine, where the engine is not what is tested: as a worker, a
+# token every 20 ms, so a stream is still under way when a test cancels it.
+FAKE_LLM = "bls.models.fakellm:FakeLLM"
+FAKE_LLM_OPTIONS = ["--option", "tpot_ms=20"]
 
 
 def bls_env(**extra: str) -> dict[str, str]:

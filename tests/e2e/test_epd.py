@@ -1,6 +1,8 @@
 """examples/epd over HTTP: several images per request behind the embedding cache, then
-vLLM; the first item says which images the cache served; the same answer inline and with
-the encoder and the generator in `bls worker` processes."""
+the generator; the first item says which images the cache served; the same answer inline
+and with the encoder and the generator in `bls worker` processes. The engine is not what
+is tested here (tests/e2e/test_vllm.py, test_chat.py and test_describe.py run the real
+one): FakeLLM stands in for it, in process and as a worker."""
 
 from __future__ import annotations
 
@@ -8,10 +10,8 @@ import json
 
 import httpx
 
-from .cli import ROOT, require_vllm
+from .cli import FAKE_LLM, ROOT
 from .procs import Proc, serving
-
-require_vllm()  # skips the module without vLLM; CI requires it
 
 SCRIPT = "examples/epd/epd.py"
 REQUEST = json.loads((ROOT / "examples/epd/request.json").read_text())
@@ -25,9 +25,9 @@ def items(url: str, body: dict[str, object] = REQUEST) -> list[dict[str, object]
 
 
 def test_cache_hits_per_image_the_same_inline_and_remote(
-    vision_workers: dict[str, Proc],
+    pipeline_workers: dict[str, Proc],
 ) -> None:
-    with serving(SCRIPT, ready_timeout=240) as inline:
+    with serving(SCRIPT, "--bind", f"generator={FAKE_LLM}") as inline:
         first, *caption = items(inline.address)
         # The third image is the first one again: encoded once, served to both.
         assert first["cached"] == [False, False, True]
@@ -37,11 +37,11 @@ def test_cache_hits_per_image_the_same_inline_and_remote(
         assert all(piece["text"] for piece in caption), caption
         again, *caption_again = items(inline.address)
         assert again["cached"] == [True, True, True]
-        assert caption_again == caption  # greedy, fixed seed: the same caption
+        assert caption_again == caption  # the same prompt and seed: the same caption
         bad = httpx.post(f"{inline.address}/v1/scripts/epd", json={"images": []})
         assert bad.status_code == 422 and bad.json()["error"]["path"] == "$.images"
 
-    binds = [f"{n}={vision_workers[n].address}" for n in ("encoder", "generator")]
+    binds = [f"{n}={pipeline_workers[n].address}" for n in ("encoder", "generator")]
     with serving(SCRIPT, "--bind", binds[0], "--bind", binds[1]) as remote:
         first, *remote_caption = items(remote.address)
         assert first["cached"] == [False, False, True]  # the cache is in front of the worker

@@ -1,0 +1,256 @@
+"""Replaying a record: the script runs again, every stage answered from what was recorded.
+
+No worker, no model, no ``bls.toml``: each stage the script calls is a
+:class:`ReplayBinding` that checks the request against the record and answers as the
+stage did then (its result, its items, its error; a call that was cancelled then waits
+to be cancelled again). When the script now calls differently — another stage, another
+request, more calls, fewer, another answer in the end — :class:`Divergence` names the
+first difference: which call, which field, what the record has and what the script gave.
+Calls to one stage are matched in their recorded order, or by their request when calls
+made side by side (``bls.gather``) started in another order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from .bindings import Binding
+from .entry import Script
+from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .messages import Signature
+from .recording import Record, RecordedCall, RecordedError, decode_value, encode_value, load
+from .runtime import Runtime
+from .scope import NO_CONTEXT, CallContext
+from .scriptfile import ScriptFile
+
+__all__ = ["Divergence", "ReplayBinding", "read", "replay", "replay_file"]
+
+
+class Divergence(AssertionError):
+    """The script no longer does what the record says it did; the message says where."""
+
+
+class _Calls:
+    """What is left of the record's calls, by stage, and how many were made so far."""
+
+    def __init__(self, record: Record) -> None:
+        self.left: dict[str, list[tuple[int, RecordedCall]]] = {}
+        for n, call in enumerate(record.calls, 1):
+            self.left.setdefault(call.stage, []).append((n, call))
+        self.made: dict[str, int] = {}
+        self.diverged: Divergence | None = None  # the first divergence, once found
+        self.scope = anyio.CancelScope()  # the replay's: cancelled at the first divergence
+
+    def diverge(self, message: str) -> Divergence:
+        """The divergence, kept as the replay's outcome (the first one found wins, even
+        if the script catches it), and the replay cancelled."""
+        exc = Divergence(message)
+        if self.diverged is None:
+            self.diverged = exc
+            self.scope.cancel()
+        return exc
+
+    def take(self, stage: str, req: Any) -> tuple[int, RecordedCall]:
+        """The recorded call this one is: the first left for ``stage`` with the same
+        request; Divergence when there is none."""
+        made = self.made[stage] = self.made.get(stage, 0) + 1
+        left = self.left.get(stage, [])
+        if not left:
+            raise self.diverge(
+                f"the script calls stage {stage!r} a {ordinal(made)} time; the record has "
+                f"{made - 1} call(s) to it"
+            )
+        sent = encode_value(req)
+        for i, (n, call) in enumerate(left):
+            if call.request == sent:
+                del left[i]
+                return n, call
+        n, call = left[0]
+        raise self.diverge(
+            f"call {n} (stage {stage!r}): the request differs {_difference(call.request, sent)}"
+        )
+
+    def unmade(self) -> list[tuple[int, RecordedCall]]:
+        return sorted(c for calls in self.left.values() for c in calls)
+
+
+class ReplayBinding(Binding):
+    """A stage answered from the record (see the module's docstring)."""
+
+    def __init__(self, name: str, streaming: bool, calls: _Calls) -> None:
+        self.name = name
+        self.description = "the record"
+        self.signature = Signature(request=Any, response=Any, streaming=streaming)
+        self._calls = calls
+
+    async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
+        if self.signature.streaming:
+            return await Binding.call(self, req)
+        n, recorded = self._calls.take(self.name, req)
+        if recorded.error is not None:
+            await _fail(n, recorded, self._calls)
+        return decode_value(recorded.items[0])
+
+    def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
+        if not self.signature.streaming:
+            return Binding.stream(self, req)
+        return self._items(req)
+
+    async def _items(self, req: Any) -> AsyncIterator[Any]:
+        n, recorded = self._calls.take(self.name, req)
+        for item in recorded.items:
+            yield decode_value(item)
+        if recorded.error is not None:
+            await _fail(n, recorded, self._calls)
+
+
+async def _fail(n: int, call: RecordedCall, calls: _Calls) -> None:
+    """Raise what the stage raised then. A call that was cancelled then (a race's loser,
+    a timeout's) waits to be cancelled again: a divergence if the script has not done so
+    in the time it took then, plus a second and as long again."""
+    error = call.error
+    assert error is not None
+    if error.kind in ("cancelled", "deadline"):
+        took = call.end - call.start
+        await anyio.sleep(2 * took + 1)
+        raise calls.diverge(
+            f"call {n} (stage {call.stage!r}) was cancelled after {took:.3f}s in the record; "
+            f"the script has not cancelled it after {2 * took + 1:.3f}s"
+        )
+    if error.kind == "invalid_request":
+        raise InvalidRequest(error.stage, error.message, error.path or "$")
+    raise StageError(error.stage, error.kind, error.message)
+
+
+def read(path: str | Path) -> Record:
+    """The record in ``path`` (:class:`bls.recording.RecordError` when it cannot be)."""
+    path = Path(path)
+    return load(path.read_bytes(), str(path))
+
+
+async def replay(record: Record, entry: Script, declared: Sequence[Any] = ()) -> list[Any]:
+    """Run ``entry`` on the record's request with every stage answered from the record;
+    its answers (a unary entry's one result, or a streaming entry's items: those it gave
+    before it failed, for a request that failed, and failed the same way again). Raises
+    :class:`Divergence` at the first difference."""
+    calls = _Calls(record)
+    streaming = {h.name: h.signature.streaming for h in declared}
+    streaming.update({c.stage: c.streaming for c in record.calls})
+    bindings = {n: ReplayBinding(n, s, calls) for n, s in streaming.items()}
+    req = decode_value(record.request)
+    # A request its deadline ended then gets the same deadline again.
+    timeout = record.duration if record.error and record.error.kind == "deadline" else None
+    answers: list[Any] = []
+    async with Runtime(bindings, declared=declared) as rt:
+        failed: Exception | None = None
+        with calls.scope:
+            try:
+                if entry.streaming:
+                    async with rt.run_stream(entry, req, timeout=timeout) as items:
+                        answers = [item async for item in items]
+                else:
+                    answers = [await rt.run(entry, req, timeout=timeout)]
+            except (StageError, DeadlineExceeded, Divergence) as exc:
+                failed = exc
+            except StageNotBound as exc:
+                raise calls.diverge(
+                    f"the script calls stage {exc.stage!r}; the record has no call to it"
+                ) from None
+        if calls.diverged is not None:
+            raise calls.diverged
+        if failed is not None:
+            _same_error(record, failed)
+            return answers
+    if record.error is not None:
+        raise Divergence(f"the record ends with {_said(record.error)}; the script answered")
+    unmade = calls.unmade()
+    if unmade:
+        n, call = unmade[0]
+        raise Divergence(
+            f"the record has {len(unmade)} call(s) the script did not make; the first: "
+            f"call {n} (stage {call.stage!r})"
+        )
+    _same_answers(record, answers)
+    return answers
+
+
+def replay_file(path: str | Path, script: str | Path, entry: str | None = None) -> list[Any]:
+    """:func:`replay` the record in ``path`` through ``script`` (its entry ``entry``, or
+    the one the record names), on asyncio; what ``bls replay`` and
+    :func:`bls.testing.replay` run."""
+    record = read(path)
+    loaded = ScriptFile(script, configured=False)
+    name = entry or record.entry
+    if name not in loaded.entries:
+        raise Divergence(
+            f"the record is of entry {record.entry!r} of {record.script}; "
+            f"{loaded.path.name} has no entry {name!r} (it has: {', '.join(loaded.entries)})"
+        )
+    return anyio.run(replay, record, loaded.entries[name], loaded.declared)
+
+
+def _same_error(record: Record, exc: Exception) -> None:
+    got = f"{exc}"
+    if record.error is None:
+        raise Divergence(f"the script failed where the record answered: {got}") from exc
+    kind = "deadline" if isinstance(exc, DeadlineExceeded) else getattr(exc, "kind", "")
+    stage = getattr(exc, "stage", record.error.stage)
+    if kind != record.error.kind or (kind != "deadline" and stage != record.error.stage):
+        raise Divergence(f"the record ends with {_said(record.error)}; the script: {got}") from exc
+
+
+def _same_answers(record: Record, answers: list[Any]) -> None:
+    if len(answers) != len(record.items):
+        raise Divergence(
+            f"the script gave {len(answers)} answer item(s); the record has {len(record.items)}"
+        )
+    for n, (want, got) in enumerate(zip(record.items, answers, strict=True), 1):
+        sent = encode_value(got)
+        if sent != want:
+            which = "the result" if len(answers) == 1 else f"answer item {n}"
+            raise Divergence(f"{which} differs {_difference(want, sent)}")
+
+
+def _said(error: RecordedError) -> str:
+    return f"{error.kind} from stage {error.stage!r}: {error.message}"
+
+
+def ordinal(n: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+def _difference(want: bytes, got: bytes) -> str:
+    """Where two encoded values differ: ``at $.text: the record has 'Hi!', the script
+    sent 'Hi'``."""
+    path, expected, actual = _first_difference(
+        msgspec.msgpack.decode(want), msgspec.msgpack.decode(got), "$"
+    )
+    return f"at {path}: the record has {_show(expected)}, the script gave {_show(actual)}"
+
+
+_MISSING = object()
+
+
+def _first_difference(want: Any, got: Any, path: str) -> tuple[str, Any, Any]:
+    if isinstance(want, dict) and isinstance(got, dict):
+        for key in [*want, *(k for k in got if k not in want)]:
+            a, b = want.get(key, _MISSING), got.get(key, _MISSING)
+            if a != b:
+                return _first_difference(a, b, f"{path}.{key}")
+    elif isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            if a != b:
+                return _first_difference(a, b, f"{path}[{i}]")
+    return path, want, got
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "nothing"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,169 @@
+"""``bls.models.fakellm:FakeLLM``: an engine with the vLLM worker's contract and no model.
+
+It takes what :class:`bls.models.vllm.VllmWorker` takes (a prompt, chat messages, token
+ids or prompt embeddings; ``max_tokens``, ``min_tokens``, ``stop``, ``ignore_eos``,
+``seed``) and streams what it streams (:class:`~bls.models.vllm.GenerateItem`: text,
+token ids, the prompt's token count on the first item, the finish reason on the last),
+with deterministic text (the same request, the same words), a time to the first token and
+a time per token of your choosing, and an abort when the call is cancelled (counted, and
+logged as the vLLM worker logs it). So a pipeline can be tested, load-tested and its
+cancellation checked without a GPU, inline or behind ``bls worker``::
+
+    [stages.generator]
+    inline = "bls.models.fakellm:FakeLLM"
+    options = { ttft_ms = 50, tpot_ms = 10 }
+
+    bls worker bls.models.fakellm:FakeLLM --listen tcp://127.0.0.1:5555 --option tpot_ms=10
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import msgspec
+
+import bls
+from bls.conversation import conversation
+
+from .vllm import GenerateItem, GenerateRequest
+
+# Prompt embeddings arrive as tensors, as they do at the vLLM worker: the codec decodes a
+# tensor only in a process that uses torch. Without torch, they can come as lists.
+with contextlib.suppress(ImportError):
+    import torch  # noqa: F401
+
+__all__ = ["FakeLLM", "FakeOptions"]
+
+log = logging.getLogger("bls.models.fakellm")
+
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while small birds sing in tall green trees "
+    "and rivers run to the sea under a pale morning sky"
+).split()
+
+
+class FakeOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """``ttft_ms``: the wait before the first token; ``tpot_ms``: between the next ones.
+    ``eos_after``: the tokens after which it would stop by itself (finish ``"stop"``;
+    default: twice the prompt's length, at least 8) unless ``ignore_eos``."""
+
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    eos_after: int | None = None
+    words: list[str] = msgspec.field(default_factory=lambda: list(WORDS))
+
+
+_ids = itertools.count(1)
+
+
+class FakeLLM(bls.Worker):
+    """A streaming stage: :class:`GenerateRequest` in, :class:`GenerateItem` s out."""
+
+    Options = FakeOptions
+
+    def __init__(self, options: FakeOptions | None = None) -> None:
+        super().__init__(options or FakeOptions())
+        self.aborted = 0  # calls cancelled before they finished
+        self.generated = 0  # tokens produced, all calls together
+        self._running = 0
+
+    def unfinished(self) -> int:
+        """Requests still generating (0 once every call has ended or been aborted)."""
+        return self._running
+
+    async def __call__(self, req: GenerateRequest) -> AsyncIterator[GenerateItem]:
+        opts: FakeOptions = self.options
+        prompt = _prompt_tokens(req)
+        seed = hashlib.blake2b(_prompt_key(req) + str(req.seed).encode(), digest_size=8)
+        eos = opts.eos_after if opts.eos_after is not None else max(8, 2 * len(prompt))
+        request_id = f"fake-{os.getpid()}-{next(_ids)}"
+        text = ""
+        finished = False
+        self._running += 1
+        try:
+            await anyio.sleep(opts.ttft_ms / 1000)
+            for n in range(req.max_tokens):
+                if n:
+                    await anyio.sleep(opts.tpot_ms / 1000)
+                token = _token(seed, n, len(opts.words))
+                piece = opts.words[token] + " "
+                text += piece
+                self.generated += 1
+                finish = _finish(req, n + 1, eos, text)
+                item = GenerateItem(text=piece, token_ids=[token], finish_reason=finish)
+                if n == 0:
+                    item.prompt_tokens = len(prompt)
+                finished = finish is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            self._running -= 1
+            if not finished:
+                self.aborted += 1
+                log.info("aborted %s (unfinished in the engine now: %d)", request_id, self._running)
+
+
+def _finish(req: GenerateRequest, n: int, eos: int, text: str) -> str | None:
+    """Why generation ends after token ``n`` (None: it goes on)."""
+    if any(stop and stop in text for stop in req.stop):
+        return "stop"
+    if n >= req.max_tokens:
+        return "length"
+    if not req.ignore_eos and n >= max(eos, req.min_tokens):
+        return "stop"
+    return None
+
+
+def _token(seed: Any, n: int, vocab: int) -> int:
+    digest = seed.copy()
+    digest.update(n.to_bytes(4, "little"))
+    return int.from_bytes(digest.digest(), "little") % vocab
+
+
+def _prompt_key(req: GenerateRequest) -> bytes:
+    if req.messages is not None:
+        return msgspec.json.encode(conversation(req.messages))
+    if req.prompt is not None:
+        return req.prompt.encode()
+    if req.token_ids is not None:
+        return msgspec.json.encode(req.token_ids)
+    embeds = req.prompt_embeds
+    to_numpy = getattr(embeds, "numpy", None)  # a tensor: its values
+    if to_numpy is not None:
+        return bytes(to_numpy().tobytes())
+    return msgspec.json.encode(embeds)
+
+
+def _prompt_tokens(req: GenerateRequest) -> list[int]:
+    """The prompt as the engine would count it: words, token ids, or embedding rows."""
+    kinds = ("prompt", "messages", "token_ids", "prompt_embeds")
+    given = [name for name in kinds if getattr(req, name) is not None]
+    if len(given) != 1:
+        raise bls.InvalidRequest(
+            "", f"give exactly one of {', '.join(kinds)} (got {given or 'none'})", "$"
+        )
+    if req.token_ids is not None:
+        return list(req.token_ids)
+    if req.prompt_embeds is not None:
+        return [0] * _rows(req.prompt_embeds)
+    text = (
+        req.prompt
+        if req.prompt is not None
+        else " ".join(m["content"] for m in conversation(req.messages or []))
+    )
+    return [0] * len(text.split())
+
+
+def _rows(embeds: Any) -> int:
+    shape = getattr(embeds, "shape", None)
+    if shape is not None:
+        return int(shape[0])
+    return len(embeds) if embeds is not None else 0

@@ -1,0 +1,142 @@
+"""Record and replay for real: `bls run --record`, `bls serve --record DIR` with real HTTP
+requests, `bls replay` of each record; and FakeLLM behind `bls worker`, aborting when a
+client goes away."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bls.replay import read
+
+from .cli import ROOT, run_bls
+from .procs import serving, wait_for, worker
+
+HELLO = "examples/hello.py"
+SERVED = "tests/e2e/served/served.py"
+
+
+def test_a_recorded_run_replays_to_the_same_output(tmp_path: Path) -> None:
+    record = tmp_path / "hello.blsrec"
+    ran = run_bls("run", HELLO, "--input", '{"text": "hi"}', "--record", str(record))
+    assert ran.returncode == 0, ran.stderr
+
+    replayed = run_bls("replay", str(record), HELLO)
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout == ran.stdout
+    assert json.loads(replayed.stdout)["attempts"] == 2
+
+
+def test_a_changed_script_replays_to_a_named_divergence(tmp_path: Path) -> None:
+    record = tmp_path / "hello.blsrec"
+    assert (
+        run_bls("run", HELLO, "--input", '{"text": "hi"}', "--record", str(record)).returncode == 0
+    )
+    changed = tmp_path / "hello.py"
+    text = (ROOT / HELLO).read_text()
+    changed.write_text(text.replace("Draft(prompt=req.text,", "Draft(prompt=req.text + '?',"))
+
+    replayed = run_bls("replay", str(record), str(changed))
+    assert replayed.returncode == 1 and replayed.stdout == ""
+    assert replayed.stderr.strip() == (
+        "error: the script no longer does what the record says: call 1 (stage 'draft'): the "
+        "request differs at $.prompt: the record has 'hi', the script gave 'hi?'"
+    )
+
+
+def test_a_record_that_cannot_be_read_says_why(tmp_path: Path) -> None:
+    record = tmp_path / "hello.blsrec"
+    assert (
+        run_bls("run", HELLO, "--input", '{"text": "hi"}', "--record", str(record)).returncode == 0
+    )
+    cut = tmp_path / "cut.blsrec"
+    cut.write_bytes(record.read_bytes()[:40])
+    done = run_bls("replay", str(cut), HELLO)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"error: {cut} is truncated (40 bytes)"
+
+    other = run_bls("replay", str(record), "examples/interfaces/interfaces.py")
+    assert other.returncode == 1
+    assert "the record is of entry 'hello' of hello.py; interfaces.py has no entry 'hello'" in (
+        other.stderr
+    )
+
+
+def test_a_failed_run_is_recorded_and_fails_the_same_way_again(tmp_path: Path) -> None:
+    record = tmp_path / "late.blsrec"
+    (tmp_path / "down.py").write_text(
+        "async def judge(text):\n    raise RuntimeError('the judge is down')\n"
+    )
+    ran = run_bls(
+        "run", HELLO, "--input", '{"text": "hi"}', "--record", str(record), "--bind",
+        f"judge={tmp_path / 'down.py'}:judge",
+    )  # fmt: skip
+    assert ran.returncode == 1 and "the judge is down" in ran.stderr
+    replayed = run_bls("replay", str(record), HELLO)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "the request failed as recorded: RuntimeError from stage 'judge'" in (replayed.stderr)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_bls_serve_records_each_request_and_each_replays(backend: str, tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    with serving(SERVED, "--record", str(records), backend=backend) as server:
+        with httpx.Client(base_url=server.address, timeout=30) as http:
+            greeted = http.post("/v1/scripts/greet", json={"text": "you"})
+            counted = http.post(
+                "/v1/scripts/count", json={"text": "x", "n": 3},
+                headers={"accept": "application/x-ndjson"},
+            )  # fmt: skip
+            failed = http.post("/v1/scripts/fail", json={"text": "x"})
+        assert (greeted.status_code, counted.status_code, failed.status_code) == (200, 200, 502)
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0
+    files = sorted(records.glob("*.blsrec"), key=lambda p: p.stat().st_mtime_ns)
+    assert len(files) == 3, server.log()
+    assert f"recorded 3 request(s) in {records}" in server.log()
+
+    replayed = {read(f).entry: run_bls("replay", str(f), SERVED) for f in files}
+    assert all(r.returncode == 0 for r in replayed.values()), [r.stderr for r in replayed.values()]
+    assert json.loads(replayed["greet"].stdout) == greeted.json()
+    assert _lines(replayed["count"].stdout) == _lines(counted.text)
+    assert replayed["fail"].stdout == ""
+    assert "the request failed as recorded" in replayed["fail"].stderr
+
+
+def _lines(text: str) -> list[object]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_fakellm_streams_behind_bls_worker_and_aborts_when_the_client_leaves() -> None:
+    options = ["--option", "ttft_ms=10", "--option", "tpot_ms=30"]
+    with worker("bls.models.fakellm:FakeLLM", *options) as llm:
+        with serving(
+            "tests/e2e/served/generate.py", "--bind", f"generator={llm.address}"
+        ) as server:
+            ask = {"text": "a b c", "max_tokens": 1000}
+            with httpx.Client(base_url=server.address, timeout=30) as http:
+                with http.stream(
+                    "POST", "/v1/scripts/generate", json=ask,
+                    headers={"accept": "application/x-ndjson"},
+                ) as got:  # fmt: skip
+                    lines = got.iter_lines()
+                    first = json.loads(next(lines))
+                    second = json.loads(next(lines))
+            # the client has gone: the engine is told to stop
+            wait_for(lambda: "aborted fake-" in llm.log(), timeout=15)
+            assert "(unfinished in the engine now: 0)" in llm.log()
+            assert first["prompt_tokens"] == 3 and second.get("prompt_tokens") is None
+
+            with httpx.Client(base_url=server.address, timeout=30) as again:  # still serves
+                done = again.post(
+                    "/v1/scripts/generate",
+                    json={"text": "a b c", "max_tokens": 4},
+                    headers={"accept": "application/x-ndjson"},
+                )
+            items = [json.loads(line) for line in done.text.splitlines()]
+            assert done.status_code == 200 and len(items) == 4
+            assert items[-1]["finish_reason"] == "length"

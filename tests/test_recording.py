@@ -1,0 +1,208 @@
+"""Recording a request's stage calls and replaying them: the record format, the
+divergences a changed script replays to, and the files that cannot be read."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import bls
+from bls.recording import FORMAT, Record, Recorder, RecordError, dump, load
+from bls.replay import Divergence, replay
+from bls.scope import RequestScope
+from bls.scriptfile import ScriptFile
+
+pytestmark = pytest.mark.anyio
+
+PIPELINES = Path(__file__).parent / "e2e" / "pipelines"
+DOC = {"words": ["tree", "sky", "river"], "rounds": 3, "patience": 0.2}
+
+
+async def record(script: Path, entry: str, req: Any) -> tuple[Record, list[Any]]:
+    """Run ``entry`` of ``script`` with its bls.toml's stages, recording it."""
+    app = ScriptFile(script, record=True)
+    script_entry = app.entry(entry)
+    recorder = Recorder(app.path)
+    answers: list[Any] = []
+    async with app.runtime() as rt, RequestScope("test", record=recorder):
+        if script_entry.streaming:
+            async with rt.run_stream(script_entry, req) as items:
+                answers = [item async for item in items]
+        else:
+            answers = [await rt.run(script_entry, req)]
+    return load(dump(recorder.finish())), answers
+
+
+def script_copy(tmp_path: Path, edit: tuple[str, str] | None = None) -> ScriptFile:
+    """review.py (and its stages) in ``tmp_path``, with one text replaced."""
+    tmp_path.mkdir(exist_ok=True)
+    for name in ("review.py", "review_stages.py", "bls.toml"):
+        shutil.copy(PIPELINES / name, tmp_path / name)
+    if edit is not None:
+        path = tmp_path / "review.py"
+        text = path.read_text()
+        assert edit[0] in text
+        path.write_text(text.replace(*edit))
+    return ScriptFile(tmp_path / "review.py", configured=False)
+
+
+async def test_a_record_holds_every_call_and_replays_to_the_same_answer() -> None:
+    rec, answers = await record(PIPELINES / "review.py", "review", DOC)
+
+    assert (rec.format, rec.script, rec.entry) == (FORMAT, "review.py", "review")
+    assert rec.path == str((PIPELINES / "review.py").resolve())
+    stages = [c.stage for c in rec.calls]
+    assert stages.count("score") == 3 + 2 * 2  # the map, then two rounds of two
+    assert {"fast_echo", "slow_echo"} <= set(stages)
+    # The race's loser, then the call the patience ran out on: both ended by a cancel.
+    slow = [c for c in rec.calls if c.stage == "slow_echo"]
+    assert [c.error.kind if c.error else None for c in slow] == ["cancelled", "cancelled"]
+    assert all(c.end >= c.start >= 0 for c in rec.calls)
+
+    app = ScriptFile(PIPELINES / "review.py", configured=False)
+    again = await replay(rec, app.entry("review"), app.declared)
+    assert msgspec.to_builtins(again) == msgspec.to_builtins(answers)
+    assert again[0].timed_out is True  # the patience ran out again, as recorded
+
+
+async def test_a_streaming_entry_replays_its_items() -> None:
+    rec, answers = await record(PIPELINES / "review.py", "spell", {"words": ["ab", "c"]})
+    assert answers == ["a", "b", "c"] and [c.streaming for c in rec.calls] == [True, True]
+    app = ScriptFile(PIPELINES / "review.py", configured=False)
+    assert await replay(rec, app.entry("spell"), app.declared) == ["a", "b", "c"]
+
+
+async def test_a_changed_request_is_named_by_call_stage_and_field(tmp_path: Path) -> None:
+    rec, _ = await record(PIPELINES / "review.py", "review", DOC)
+    app = script_copy(tmp_path, ('stage("fast_echo", best)', 'stage("fast_echo", best + "!")'))
+
+    with pytest.raises(Divergence) as caught:
+        await replay(rec, app.entry("review"), app.declared)
+    n = 1 + next(i for i, c in enumerate(rec.calls) if c.stage == "fast_echo")
+    assert str(caught.value) == (
+        f"call {n} (stage 'fast_echo'): the request differs at $: the record has 'river', "
+        "the script gave 'river!'"
+    )
+
+
+async def test_an_extra_call_and_a_missing_call_are_named(tmp_path: Path) -> None:
+    rec, _ = await record(PIPELINES / "review.py", "review", DOC)
+
+    two_rounds = "if a == b and rounds >= 2:"
+    more = script_copy(tmp_path / "more", (two_rounds, "if a == b and rounds >= 3:"))
+    with pytest.raises(Divergence, match=r"calls stage 'score' a 8th time; the record has 7"):
+        await replay(rec, more.entry("review"), more.declared)
+
+    fewer = script_copy(tmp_path / "fewer", (two_rounds, "if a == b:"))
+    with pytest.raises(Divergence, match=r"has 2 call\(s\) the script did not make; the first"):
+        await replay(rec, fewer.entry("review"), fewer.declared)
+
+
+async def test_a_changed_answer_is_named_by_field(tmp_path: Path) -> None:
+    rec, _ = await record(PIPELINES / "review.py", "review", DOC)
+    app = script_copy(tmp_path, ("best=best,", "best=best.upper(),"))
+    with pytest.raises(Divergence) as caught:
+        await replay(rec, app.entry("review"), app.declared)
+    assert "the result differs at $.best: the record has 'river', the script gave 'RIVER'" in str(
+        caught.value
+    )
+
+
+GUARDED = """
+import bls
+from bls import stage
+
+
+@bls.script
+async def guarded(req: str) -> str:
+    try:
+        return await stage("primary", req)
+    except bls.StageError as exc:
+        return await stage("backup", f"{req} after {exc.kind}")
+
+
+async def primary(req: str) -> str:
+    if req.startswith("fail"):
+        raise RuntimeError("primary is down")
+    return req
+
+
+async def backup(req: str) -> str:
+    if req.startswith("fail twice"):
+        raise KeyError(req)
+    return req.upper()
+"""
+
+
+def guarded(tmp_path: Path) -> Path:
+    (tmp_path / "guarded.py").write_text(GUARDED)
+    (tmp_path / "bls.toml").write_text(
+        '[stages.primary]\ninline = "guarded.py:primary"\n'
+        '[stages.backup]\ninline = "guarded.py:backup"\n'
+    )
+    return tmp_path / "guarded.py"
+
+
+async def test_a_recorded_stage_error_takes_the_same_path_again(tmp_path: Path) -> None:
+    script = guarded(tmp_path)
+    rec, answers = await record(script, "guarded", "fail")
+    assert answers == ["FAIL AFTER RUNTIMEERROR"]
+    failed = rec.calls[0].error
+    assert failed is not None and (failed.stage, failed.kind) == ("primary", "RuntimeError")
+
+    app = ScriptFile(script, configured=False)
+    assert await replay(rec, app.entry("guarded"), app.declared) == answers
+
+
+async def failed_twice(script: Path) -> tuple[Record, ScriptFile]:
+    """The record of a guarded request whose primary and backup both failed."""
+    app = ScriptFile(script, record=True)
+    recorder = Recorder(script)
+    with pytest.raises(bls.StageError):
+        async with app.runtime() as rt, RequestScope("test", record=recorder):
+            await rt.run(app.entry("guarded"), "fail twice")
+    return load(dump(recorder.finish())), app
+
+
+async def test_a_request_that_failed_replays_to_the_same_error(tmp_path: Path) -> None:
+    rec, app = await failed_twice(guarded(tmp_path))
+    assert rec.error is not None and (rec.error.stage, rec.error.kind) == ("backup", "KeyError")
+
+    # It fails the same way again: a faithful replay, no divergence.
+    assert await replay(rec, app.entry("guarded"), app.declared) == []
+
+
+async def test_a_replay_that_answers_where_the_record_failed_diverges(tmp_path: Path) -> None:
+    rec, app = await failed_twice(guarded(tmp_path))
+    rec.calls[1].error = None  # as if the backup had answered
+    rec.calls[1].items = [rec.calls[0].request]
+    with pytest.raises(Divergence, match=r"the record ends with KeyError from stage 'backup'"):
+        await replay(rec, app.entry("guarded"), app.declared)
+
+
+def test_a_truncated_file_says_so() -> None:
+    rec = Record(bls="1", script="x.py", entry="x", started=0.0, request=b"\xa1x")
+    data = dump(rec)
+    with pytest.raises(RecordError, match=r"the record is truncated \(\d+ bytes\)"):
+        load(data[:-3])
+    with pytest.raises(RecordError, match="is not a bls record"):
+        load(msgspec.msgpack.encode({"hello": 1}))
+    with pytest.raises(RecordError, match="is not a bls record"):
+        load(b"{}\n")
+
+
+def test_a_record_of_another_format_names_both() -> None:
+    rec = msgspec.to_builtins(
+        Record(bls="9.0", script="x.py", entry="x", started=0.0), builtin_types=(bytes,)
+    )
+    rec["format"] = FORMAT + 1
+    rec["calls"] = [{"new": "layout"}]
+    with pytest.raises(RecordError) as caught:
+        load(msgspec.msgpack.encode(rec), "r.blsrec")
+    assert str(caught.value) == (
+        f"r.blsrec is in record format {FORMAT + 1}; this bls ({bls.__version__}) reads {FORMAT}"
+    )
