@@ -78,19 +78,21 @@ class Denoiser(bls.Worker):
         self.condition = _seeded(self.options.seed + 1, torch.nn.Linear(TEXT + 1, CHANNELS))
 
     async def __call__(self, req: Step) -> Latents:
-        if self.options.delay_ms:
-            log.info("denoiser: step t=%d started", req.t)
-            try:
-                await anyio.sleep(self.options.delay_ms / 1000)
-            except anyio.get_cancelled_exc_class():
-                log.warning("denoiser: step t=%d cancelled", req.t)
-                raise
         x = torch.as_tensor(req.latents, dtype=torch.float32)
         text = torch.as_tensor(req.text, dtype=torch.float32).reshape(-1)
         t = torch.tensor([req.t / max(1, req.steps)])
         with torch.inference_mode():
             bias = self.condition(torch.cat([text, t]))[None, :, None, None]
             noise = torch.tanh(self.net(x) + bias)
+        if self.options.delay_ms:
+            # After the arithmetic, so that a cancel arriving at any point of the step ends it.
+            log.info("denoiser: step t=%d started", req.t)
+            try:
+                await anyio.sleep(self.options.delay_ms / 1000)
+            except anyio.get_cancelled_exc_class():
+                log.warning("denoiser: step t=%d cancelled", req.t)
+                raise
+            log.info("denoiser: step t=%d done", req.t)
         return Latents(latents=x - noise / max(1, req.steps))
 
 

@@ -86,6 +86,13 @@ def _started_steps(proc: Proc) -> int:
     return sum("denoiser: step t=" in line and "started" in line for line in proc.lines)
 
 
+def _ended_steps(proc: Proc) -> int:
+    return sum(
+        "denoiser: step t=" in line and ("done" in line or "cancelled" in line)
+        for line in proc.lines
+    )
+
+
 def test_a_deadline_mid_loop_stops_the_denoiser(workers: dict[str, Proc]) -> None:
     slow = start(
         ["worker", TARGETS["denoiser"], "--listen", "tcp://127.0.0.1:0",
@@ -110,7 +117,11 @@ def test_a_deadline_mid_loop_stops_the_denoiser(workers: dict[str, Proc]) -> Non
             assert r.status_code == 504
             assert time.monotonic() - started < 4
             assert _started_steps(slow) > 2, slow.log()  # the deadline fell inside the loop
-            wait_for(lambda: _cancelled_steps(slow) == 1, timeout=5)
+            # The step in flight ends (cancelled, unless the deadline fell in the instant
+            # between two steps), and no step starts after it.
+            wait_for(lambda: _ended_steps(slow) == _started_steps(slow), timeout=5)
+            after_deadline = _cancelled_steps(slow)
+            assert after_deadline <= 1
 
             # A client that goes away mid-loop: the same.
             url = urlsplit(proc.address)
@@ -122,13 +133,16 @@ def test_a_deadline_mid_loop_stops_the_denoiser(workers: dict[str, Proc]) -> Non
                 )
                 begun = _started_steps(slow)
                 wait_for(lambda: _started_steps(slow) >= begun + 3, timeout=10)  # mid-loop
-            wait_for(lambda: _cancelled_steps(slow) == 2, timeout=5)
+            # The client hung up while a step was sleeping: that step is cancelled.
+            wait_for(lambda: _cancelled_steps(slow) == after_deadline + 1, timeout=5)
+            wait_for(lambda: _ended_steps(slow) == _started_steps(slow), timeout=5)
         slow.signal(signal.SIGTERM)
         assert slow.wait() == 0
         stats = slow.stats()
     finally:
         stop(slow.popen)
-    # Nothing ran after the two cancels: every call the worker took completed but those two.
-    assert stats["cancelled"] + stats["deadline"] == 2
-    assert stats["calls"] == stats["completed"] + 2
+    # Nothing ran after the cancels: every call the worker took completed but those.
+    ended_early = stats["cancelled"] + stats["deadline"]
+    assert 1 <= ended_early <= 2
+    assert stats["calls"] == stats["completed"] + ended_early
     assert stats["completed"] < 60  # of the 201 steps asked for
