@@ -19,7 +19,7 @@ from .flow import beside, collect, gather, map, race
 from .messages import Message
 from .runtime import BindingError, Runtime
 from .stages import Stage, StreamStage, stage
-from .timeouts import timeout
+from .timeouts import remaining, timeout
 from .worker import Worker
 
 try:
@@ -50,6 +50,7 @@ __all__ = [
     "gather",
     "map",
     "race",
+    "remaining",
     "script",
     "stage",
     "timeout",

@@ -29,6 +29,7 @@ from .errors import InvalidRequest, StageError
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
 from .paths import missing
 from .scope import NO_CONTEXT, CallContext
+from .traffic import Policy
 from .worker import Worker
 
 __all__ = [
@@ -61,6 +62,13 @@ class Binding:
     # The type the script expects back; set by the runtime when it opens the binding.
     result_type: Any = Any
     _result_fast: type | None = None
+    # Idempotency, hedging, retries, ejection (bls.traffic); a remote binding applies them.
+    policy: Policy = Policy()
+    policy_given = False  # set in bls.toml (a typed handle's own policy gives way to it)
+
+    def set_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self.policy_given = True
 
     def expect(self, tp: Any) -> None:
         """Convert every result and stream item to ``tp`` (see :mod:`bls.messages`)."""
@@ -147,6 +155,17 @@ class Wrapper(Binding):
     @property
     def type_labels(self) -> tuple[str, str]:
         return self.inner.type_labels
+
+    @property
+    def policy(self) -> Policy:  # type: ignore[override]
+        return self.inner.policy
+
+    @property
+    def policy_given(self) -> bool:  # type: ignore[override]
+        return self.inner.policy_given
+
+    def set_policy(self, policy: Policy) -> None:
+        self.inner.set_policy(policy)
 
     async def open(self, tg: anyio.abc.TaskGroup | None = None) -> None:
         await self.inner.open(tg)

@@ -19,6 +19,7 @@ import msgspec
 from .bindings import Binding, binding_for, scheme_of
 from .cache import CachedBinding, CacheOptions
 from .paths import missing
+from .traffic import policy_from
 
 __all__ = [
     "ConfigError",
@@ -33,6 +34,7 @@ __all__ = [
 
 CONFIG_NAME = "bls.toml"
 DISCOVER_SCHEME = "etcd:"  # --bind NAME=etcd:STAGE: replicas found in etcd
+POLICY_KNOBS = ("idempotent", "hedge", "retry", "eject")
 
 
 class ConfigError(ValueError):
@@ -69,6 +71,11 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     discover: str | None = None  # the stage name its workers register under in etcd
     options: dict[str, Any] = {}
     cache: dict[str, Any] | None = None
+    # Traffic policy (bls/traffic.py): checked when the bindings are made.
+    idempotent: bool | None = None
+    hedge: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None
+    eject: dict[str, Any] | None = None
     # Where relative paths in this entry are resolved from, and where the entry was
     # written, for messages (not TOML keys).
     base: str | None = None
@@ -183,14 +190,19 @@ def load_config(
             previous = merged.stages.get(name)
             if previous is not None and not stage_config.options:
                 stage_config.options = previous.options  # rebinding keeps the options
+            for knob in POLICY_KNOBS if previous is not None else ():
+                if getattr(stage_config, knob) is None:  # ...and the policy not given again
+                    setattr(stage_config, knob, getattr(previous, knob))
             merged.stages[name] = stage_config
         if config.transport != TransportConfig():
             merged.transport = config.transport
     for spec in binds:
         name, stage_config = parse_bind(spec)
         previous = merged.stages.get(name)
-        if previous is not None:  # moving a stage keeps its options and its cache
+        if previous is not None:  # moving a stage keeps its options, cache and policy
             stage_config.cache = previous.cache
+            for knob in POLICY_KNOBS:
+                setattr(stage_config, knob, getattr(previous, knob))
             # ...but another class in process is not given the options of the one it
             # replaces (bls.toml's vLLM options are not FakeLLM's).
             if not (stage_config.inline and previous.inline != stage_config.inline):
@@ -254,6 +266,12 @@ def make_bindings(config: Config) -> dict[str, Binding]:
             )
         except (ImportError, ValueError, TypeError, FileNotFoundError, SyntaxError) as exc:
             raise ConfigError(f"stage {name!r}: cannot bind {stage.target()!r}: {exc}") from exc
+        knobs = {k: getattr(stage, k) for k in POLICY_KNOBS if getattr(stage, k) is not None}
+        if knobs:
+            try:
+                binding.set_policy(policy_from(name, knobs))
+            except ValueError as exc:
+                raise ConfigError(f"{stage.source or 'bls.toml'}: {exc}") from None
         if stage.cache is not None:
             binding = _cached(name, stage, binding)
         bindings[name] = binding

@@ -35,6 +35,7 @@ from .scope import (
     traced_stream,
 )
 from .scope import current as current_context
+from .traffic import Policy
 
 log = logging.getLogger("bls")
 
@@ -153,8 +154,11 @@ class Runtime:
         start_unreachable: bool = False,
     ) -> None:
         self._declared: dict[str, Signature] = {}
+        self._policies: dict[str, Policy] = {}  # those typed handles give
         for handle in declared:
             declare(self._declared, handle.name, handle.signature)
+            if getattr(handle, "policy", None) is not None:
+                self._policies[handle.name] = handle.policy
         self._uses = list(uses)
         # Serving processes start before their remote stages are up (any start order).
         self._start_unreachable = start_unreachable
@@ -189,6 +193,8 @@ class Runtime:
         tg = self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         for name, binding in self._bindings.items():
             self._opened.append(binding)
+            if name in self._policies and not binding.policy_given:  # bls.toml's wins
+                binding.set_policy(self._policies[name])
             try:
                 await binding.open(tg)
             except OSError as exc:
@@ -204,6 +210,10 @@ class Runtime:
                 unopened.append(name)
                 continue
             problems.extend(type_problems(name, binding, self._declared.get(name)))
+            if binding.policy.repeats and binding.signature.streaming:
+                problems.append(
+                    f"stage {name!r}: hedge and retry apply to unary stages; it streams"
+                )
         problems.extend(use_problems(self._uses, self._bindings, self._declared, unopened))
         for name, binding in self._bindings.items():
             _expect(name, binding, self._declared.get(name))

@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from .messages import Signature
 from .runtime import StageStream, current
+from .traffic import policy_from
 
 __all__ = ["Stage", "StreamStage", "stage"]
 
@@ -61,11 +62,24 @@ class Stage(Generic[Req, Resp]):
 
     streaming = False
 
-    def __init__(self, name: str, request: type[Req], response: type[Resp]) -> None:
+    def __init__(
+        self,
+        name: str,
+        request: type[Req],
+        response: type[Resp],
+        *,
+        idempotent: bool = False,
+        hedge: dict[str, Any] | None = None,
+        retry: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.request = request
         self.response = response
         self.signature = Signature(request=request, response=response, streaming=False)
+        # Its traffic policy (docs/policy.md), unless bls.toml gives the stage one.
+        knobs = {"idempotent": idempotent, "hedge": hedge, "retry": retry}
+        given = {k: v for k, v in knobs.items() if v not in (None, False)}
+        self.policy = policy_from(name, given) if given else None
 
     def __call__(self, req: Req) -> Coroutine[Any, Any, Resp]:
         return current().call_declared(self.name, self.signature, req)

@@ -1,8 +1,9 @@
-"""``bls.timeout``: deadlines for a block of a script."""
+"""``bls.timeout``: deadlines for a block of a script; ``bls.remaining()``: what is left."""
 
 from __future__ import annotations
 
 import contextvars
+import math
 import time
 from types import TracebackType
 
@@ -11,7 +12,21 @@ import anyio
 from .errors import DeadlineExceeded
 from .scope import CallContext, current, enter, leave
 
-__all__ = ["timeout"]
+__all__ = ["remaining", "timeout"]
+
+
+def remaining() -> float | None:
+    """Seconds left before the deadline the current code runs under (the request's, or a
+    ``bls.timeout`` block's, whichever is earlier), never below 0; None without one. A
+    loop can stop while an answer is still worth sending::
+
+        if (left := bls.remaining()) is not None and left < 0.5:
+            return best_so_far
+    """
+    deadline = current().deadline
+    if deadline == math.inf:
+        return None
+    return max(0.0, deadline - time.time())
 
 
 class timeout:

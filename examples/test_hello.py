@@ -53,6 +53,21 @@ async def test_the_deadline_runs_out_mid_loop() -> None:
     assert "draft" in calls and len(calls["draft"]) == 2  # no third attempt
 
 
+async def test_short_of_time_it_answers_with_the_last_draft() -> None:
+    async def slowish_judge(text: str) -> Verdict:
+        await anyio.sleep(0.02)
+        return REJECT
+
+    with testing.fake({"draft": draft, "judge": slowish_judge}) as calls:
+        answer = await testing.call(hello, Ask(text="hi", max_attempts=100), timeout=0.4)
+
+    # With under ATTEMPT_S of the deadline left, it stops and answers with what it has.
+    assert not answer.accepted and answer.reasons[-1] == "out of time"
+    assert 2 <= answer.attempts < 100 and answer.text == f"hi #{answer.attempts}"
+    assert len(calls["judge"]) == answer.attempts
+    assert not any(c.cancelled for c in calls["judge"])  # none was cut short
+
+
 async def test_a_failing_judge_fails_the_request() -> None:
     overloaded = bls.StageError("judge", "overloaded", "no capacity")
     with testing.fake({"draft": draft, "judge": overloaded}):

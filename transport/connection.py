@@ -93,6 +93,12 @@ class Connection:
         self.alive = False
         self.reason = "not connected yet"
         self.calls: dict[int, Call] = {}
+        # Outlier ejection (.ejection keeps these): failed calls in
+        # a row, out of rotation until (monotonic seconds), times ejected in a row.
+        self.failures = 0
+        self.ejected_until = 0.0
+        self.ejections = 0
+        self.recent: collections.deque[float] = collections.deque(maxlen=8)  # call seconds
         self.acked = 0
         self.last_heard = 0.0
         # Cancelled traced calls: call id -> (trace, span) their worker's spans belong to.

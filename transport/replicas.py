@@ -7,13 +7,16 @@ s, fixed addresses or those registered in etcd (joining and leaving while it run
 first replica to answer gives the stage its types; a replica that serves another schema
 is refused. A call goes to the live replica with the fewest calls outstanding; one that
 replica refuses (overloaded, draining) or loses before it started is tried on the next.
-A streaming call's items and credit are :mod:`.stream`'s.
+A replica whose calls keep failing, or lag far behind its peers', is taken out of rotation
+for a while (the stage's ``eject`` policy, :mod:`.ejection`). Hedged and retried calls
+are :mod:`.attempts`'; a streaming call's items and credit are :mod:`.stream`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -26,8 +29,9 @@ from bls.config import TransportConfig
 from bls.errors import InvalidRequest, StageError
 from bls.messages import Signature
 from bls.scope import NO_CONTEXT, CallContext
+from bls.traffic import REQUEST_FAULTS, Latencies, Policy, RetryBudget, Traffic
 
-from . import wire
+from . import attempts, ejection, wire
 from .connection import LOST_STARTED, LOST_UNSTARTED, Call, Connection, adopt_spans, serves
 from .stream import RemoteStream
 from .wire import ErrorInfo, Kind, WorkerInfo
@@ -86,6 +90,13 @@ class RemoteBinding(Binding):
         self._codec = wire.Codec()
         self._result = wire.Codec()
         self._rotation = 0
+        self.latencies = Latencies()  # recent unary call latencies (hedge.after = "p95")
+        self.traffic = Traffic()  # what the policy did, for /metrics
+        self.retry_budget: RetryBudget | None = None  # with a retry policy
+
+    def set_policy(self, policy: Policy) -> None:
+        super().set_policy(policy)
+        self.retry_budget = RetryBudget(policy.retry.budget) if policy.retry else None
 
     @classmethod
     def discovered(
@@ -277,20 +288,24 @@ class RemoteBinding(Binding):
 
     # -- calls ------------------------------------------------------------------------
 
-    def _pick(self, tried: list[Connection]) -> Connection | None:
+    def _pick(self, tried: Sequence[Connection]) -> Connection | None:
+        """The live replica not in ``tried`` with the fewest calls outstanding (in
+        rotation among equals); an ejected one only when no other is left."""
         best: Connection | None = None
+        ejected: Connection | None = None
+        now = time.monotonic()
         n = len(self.connections)
-        self._rotation += 1
+        if not tried:  # a call's first pick (not its retry's, nor a hedge's copy)
+            self._rotation += 1
         for i in range(n):
             conn = self.connections[(self._rotation + i) % n]
-            if (
-                conn.alive
-                and not conn.retired
-                and conn not in tried
-                and (best is None or len(conn.calls) < len(best.calls))
-            ):
+            if not conn.alive or conn.retired or conn in tried:
+                continue
+            if conn.ejected_until > now:
+                ejected = ejected or conn
+            elif best is None or len(conn.calls) < len(best.calls):
                 best = conn
-        return best
+        return best or ejected
 
     def _unavailable(self) -> StageError:
         states = "; ".join(f"{c.address}: {c.reason or 'busy'}" for c in self.connections)
@@ -325,20 +340,30 @@ class RemoteBinding(Binding):
             ) from None
 
     async def start_call(
-        self, body: list[Any], credit: int, ctx: CallContext
+        self,
+        body: list[Any],
+        credit: int,
+        ctx: CallContext,
+        busy: list[Connection] | None = None,
     ) -> tuple[Connection, Call, int, Any]:
         """Start the call on some replica and wait for its first frame, retrying calls
         that a replica refused or lost before starting them. ``ctx`` gives the deadline
-        and trace the call carries, and the span that records it."""
+        and trace the call carries, and the span that records it. ``busy``: replicas
+        other copies of the call are on (a hedge's), avoided while others are left; the
+        one chosen is added."""
         deadline = ctx.wire_deadline
         span = ctx.span if ctx.trace is not None else None
         trace = ctx.trace.id if ctx.trace is not None else ""
         tried: list[Connection] = []
         refusal: Exception | None = None
         while True:
-            conn = self._pick(tried)
+            conn = self._pick(tried + busy) if busy else self._pick(tried)
+            if conn is None and busy:
+                conn = self._pick(tried)
             if conn is None:
                 raise refusal or self._unavailable()
+            if busy is not None:
+                busy.append(conn)
             call = conn.send_call(self.name, body, deadline, credit, trace)
             if span is not None:
                 span.replica = conn.address
@@ -350,9 +375,11 @@ class RemoteBinding(Binding):
             if kind == LOST_UNSTARTED:
                 conn.end_call(call)
                 tried.append(conn)
+                ejection.outcome(self, conn, failed=True)
                 continue
             if kind == LOST_STARTED:
                 conn.end_call(call)
+                ejection.outcome(self, conn, failed=True)
                 raise StageError(
                     self.name,
                     "unavailable",
@@ -361,6 +388,7 @@ class RemoteBinding(Binding):
             if kind == Kind.ERROR:
                 conn.end_call(call)
                 info = wire.decode_error(rest[0])
+                ejection.outcome(self, conn, failed=info.kind not in REQUEST_FAULTS)
                 if info.kind in _RETRYABLE:
                     tried.append(conn)
                     refusal = self.error(info, conn)
@@ -369,6 +397,8 @@ class RemoteBinding(Binding):
                 raise self.error(info, conn)
             if span is not None:
                 span.bytes_out += wire.frame_sizes(body)
+            if kind == Kind.END:  # a unary call's answer (a stream's first item: not yet)
+                ejection.outcome(self, conn, failed=False)
             return conn, call, kind, rest
 
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
@@ -376,10 +406,31 @@ class RemoteBinding(Binding):
             raise self._unavailable()
         if self.signature.streaming:
             return await Binding.call(self, req)
-        conn, call, _, rest = await self.start_call(self._request(req), 0, ctx)
+        body = self._request(req)
+        if self.policy.repeats:
+            rest = await attempts.call(self, body, ctx)
+        else:
+            rest = await self.answer(body, ctx)
+        return self._decode(rest, self._result, ctx)
+
+    async def answer(
+        self, body: list[Any], ctx: CallContext, busy: list[Connection] | None = None
+    ) -> Any:
+        """One unary call, its answer's frames (not decoded); its latency noted."""
+        started = time.monotonic()
+        picked = len(busy) if busy is not None else 0
+        try:
+            conn, call, _, rest = await self.start_call(body, 0, ctx, busy)
+        except anyio.get_cancelled_exc_class():
+            if busy is not None and len(busy) > picked:  # a hedge's loser: slow so far
+                ejection.took(self, busy[picked], time.monotonic() - started)
+            raise
         conn.end_call(call)
         adopt_spans(call, ctx)
-        return self._decode(rest, self._result, ctx)
+        took = time.monotonic() - started
+        self.latencies.add(took)
+        ejection.took(self, conn, took)
+        return rest
 
     def decode_item(self, rest: Any, ctx: CallContext) -> Any:
         """A stream item (or result) as it came off the wire, in the expected type."""

@@ -81,7 +81,7 @@ class Metrics:
 
     def span(self, span: Span) -> None:
         """Count a finished stage span (the request's root span is not a stage call)."""
-        if span.parent == 0 or span.remote:
+        if span.parent == 0 or span.remote or span.attempt:  # (an attempt: its call counts)
             return
         name = span.name
         self.stage_calls[name] = self.stage_calls.get(name, 0) + 1
@@ -150,6 +150,7 @@ class Metrics:
             {(k,): v for k, v in self.cancellations.items()},
         )
         yield from _caches(self._bindings)
+        yield from _traffic(self._bindings)
 
 
 def _counter(
@@ -171,10 +172,18 @@ def _histograms(
     return family
 
 
+def _unwrapped(binding: Any, kind: type) -> Any:
+    """``binding``, or the binding of that kind it is in front of (a recorder's)."""
+    while not isinstance(binding, kind) and hasattr(binding, "inner"):
+        binding = binding.inner
+    return binding if isinstance(binding, kind) else None
+
+
 def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
     from ..cache import CachedBinding
 
-    cached = {n: b.stats for n, b in bindings.items() if isinstance(b, CachedBinding)}
+    found = {n: _unwrapped(b, CachedBinding) for n, b in bindings.items()}
+    cached = {n: b.stats for n, b in found.items() if b is not None}
     if not cached:
         return
     for field, kind, doc in (
@@ -188,3 +197,32 @@ def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
         for name, stats in cached.items():
             family.add_metric([name], getattr(stats, field))
         yield family
+
+
+def _traffic(bindings: Mapping[str, Any]) -> Iterator[Any]:
+    """What each remote stage's traffic policy did (bls/traffic.py)."""
+    from ..traffic import Traffic
+
+    counts: dict[str, Traffic] = {}
+    for name, binding in bindings.items():
+        while getattr(binding, "traffic", None) is None and hasattr(binding, "inner"):
+            binding = binding.inner
+        traffic = getattr(binding, "traffic", None)
+        if isinstance(traffic, Traffic):
+            counts[name] = traffic
+    if not counts:
+        return
+    for field, doc in (
+        ("hedges", "Extra copies of calls sent by hedging, by stage"),
+        ("hedges_won", "Calls a hedged copy answered first, by stage"),
+        ("hedges_cancelled", "Copies of calls cancelled when another answered, by stage"),
+        ("retries", "Calls retried after a failure, by stage"),
+        ("retries_denied", "Retries not made because the retry budget was spent, by stage"),
+        ("ejections", "Replicas taken out of rotation (failing or lagging), by stage"),
+    ):
+        yield _counter(
+            f"bls_stage_{field}",
+            doc,
+            ["stage"],
+            {(n,): getattr(t, field) for n, t in counts.items()},
+        )
