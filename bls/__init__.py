@@ -17,6 +17,7 @@ from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import beside, collect, gather, map, race
 from .messages import Message
+from .priorities import current_priority, priority
 from .runtime import BindingError, Runtime
 from .stages import Stage, StreamStage, stage
 from .timeouts import remaining, timeout
@@ -47,8 +48,10 @@ __all__ = [
     "beside",
     "cache_report",
     "collect",
+    "current_priority",
     "gather",
     "map",
+    "priority",
     "race",
     "remaining",
     "script",

@@ -188,6 +188,7 @@ def _worker(sub: Any) -> None:
         metavar="N",
         help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
     )
+    _worker_metrics(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_verbose_arg(p)
     add_common_args(p)
@@ -251,6 +252,23 @@ def _serve(sub: Any) -> None:
     p.set_defaults(handler=commands.serve)
 
 
+def _worker_metrics(p: argparse.ArgumentParser) -> None:
+    """``bls worker``'s load, for an autoscaler."""
+    p.add_argument(
+        "--metrics-port",
+        type=count(0, 65535),
+        metavar="PORT",
+        help="serve Prometheus /metrics on this port: calls in flight and queued, busy "
+        "fraction, for an autoscaler (0 picks a free one, logged; default: none)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0 in a pod)",
+    )
+
+
 def _serve_limits(p: argparse.ArgumentParser) -> None:
     """``bls serve``'s bounds on each request and on the server."""
     p.add_argument(
@@ -258,8 +276,17 @@ def _serve_limits(p: argparse.ArgumentParser) -> None:
         type=count(1, MAX_INFLIGHT),
         default=64,
         metavar="N",
-        help="requests handled at once, 1 to 1000000; more are answered 429 with "
-        "Retry-After (default 64)",
+        help="requests handled at once, 1 to 1000000; more wait (--max-queued) or are "
+        "answered 429 with Retry-After (default 64)",
+    )
+    p.add_argument(
+        "--max-queued",
+        type=count(0, MAX_INFLIGHT),
+        default=None,
+        metavar="N",
+        help="requests that wait for a slot when --max-inflight are running, highest "
+        "X-Priority first and tenants in fair turns; more get 429 (default: [admission] "
+        "max_queued in bls.toml, else 0)",
     )
     p.add_argument(
         "--request-timeout",

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -21,6 +21,9 @@ from .console import claim_stdout, emit, read_input, ready_line, setup_logging
 from .recording import Recorder, dump
 from .replay import read, replay_file
 from .scope import RequestScope
+
+if TYPE_CHECKING:
+    from .scriptfile import ScriptFile
 
 __all__ = ["bench", "check", "keygen", "replay", "run", "serve", "worker"]
 
@@ -79,6 +82,7 @@ def check(args: argparse.Namespace) -> int:
     from .scriptfile import ScriptFile
 
     app = ScriptFile(args.script, config_file=args.config, binds=args.bind)
+    _apply_admission(app, None)
 
     async def main() -> list[str]:
         rt = app.runtime()
@@ -152,6 +156,8 @@ def worker(args: argparse.Namespace) -> int:
         curve_allow=args.curve_allow,
         register_at=args.discovery,
         advertise=args.advertise,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
     )
     return anyio.run(
         lambda: run_worker(
@@ -182,6 +188,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     _apply_connect_timeout(app.config, args.connect_timeout)
     _apply_discovery(app.config, args)
+    _apply_admission(app, args.max_queued, args.max_inflight)
     limits = Limits(
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout,
@@ -260,3 +267,22 @@ def _apply_discovery(config: Config, args: argparse.Namespace) -> None:
         transport.discovery = args.discovery
     if args.namespace:
         transport.namespace = args.namespace
+
+
+def _apply_admission(
+    app: ScriptFile, max_queued: int | None, max_inflight: int | None = None
+) -> None:
+    """``--max-queued`` over ``[admission]``; its entries must be the script's, and its
+    reserved slots fewer than ``--max-inflight``."""
+    admission = app.config.admission
+    if max_queued is not None:
+        admission.max_queued = max_queued
+    if max_inflight is not None and admission.reserved >= max_inflight:
+        raise ConfigError(
+            f"[admission] reserved = {admission.reserved} leaves none of the {max_inflight} "
+            "slots (--max-inflight) to requests of priority 0 and below"
+        )
+    for name in admission.entries:
+        if name not in app.entries:
+            known = ", ".join(app.entries)
+            raise ConfigError(f"[admission.entries.{name}]: no entry {name!r} (entries: {known})")

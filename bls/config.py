@@ -22,7 +22,9 @@ from .paths import missing
 from .traffic import policy_from
 
 __all__ = [
+    "AdmissionConfig",
     "ConfigError",
+    "Limit",
     "StageConfig",
     "TransportConfig",
     "check_names",
@@ -63,12 +65,49 @@ class TransportConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     namespace: str = "bls"
 
 
+class Limit(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A bound on an entry's or a tenant's requests (``[admission.entries.NAME]``,
+    ``[admission.tenants.NAME]``): at once, and a second with a burst; past it, 429 with
+    Retry-After. ``weight``: a tenant's share when requests queue (2: twice the others')."""
+
+    max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    rate: Annotated[float, msgspec.Meta(gt=0)] | None = None  # requests a second
+    burst: Annotated[int, msgspec.Meta(ge=1)] | None = None  # default: the rate, at least 1
+    weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
+
+
+class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``[admission]`` in ``bls.toml``: who ``bls serve`` lets in, and who waits (see
+    docs/policy.md). ``max_queued``: requests that wait for a slot when ``--max-inflight``
+    are running (0: none wait, the rest get 429); ``reserved``: slots only requests of a
+    priority above 0 may take; ``tenants."*"``: each tenant not named."""
+
+    max_queued: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    reserved: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
+    entries: dict[str, Limit] = {}
+    tenants: dict[str, Limit] = {}
+
+
+class VersionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One of ``targets = [...]`` (bls/versions.py): a target, its weight, its name."""
+
+    inline: str | None = None
+    remote: list[str] | str | None = None
+    discover: str | None = None
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    name: str | None = None  # in traces and metrics (default: the target)
+    options: dict[str, Any] = {}
+
+
 class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """``[stages.NAME]`` in ``bls.toml``: exactly one of ``inline``/``remote``/``discover``."""
+    """``[stages.NAME]`` in ``bls.toml``: exactly one of ``inline``/``remote``/``discover``,
+    or ``targets``, several of them with weights."""
 
     inline: str | None = None
     remote: list[str] | str | None = None
     discover: str | None = None  # the stage name its workers register under in etcd
+    targets: list[VersionConfig] | None = None  # weighted versions (bls/versions.py)
+    sticky: str | None = None  # with targets: the request field that picks the version
     options: dict[str, Any] = {}
     cache: dict[str, Any] | None = None
     # Traffic policy (bls/traffic.py): checked when the bindings are made.
@@ -82,6 +121,8 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     source: str = ""
 
     def target(self) -> str | list[str]:
+        if self.targets is not None:
+            return [_target_of(v) for v in self.targets]
         if self.discover is not None:
             return DISCOVER_SCHEME + self.discover
         if self.remote is not None:
@@ -90,9 +131,35 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
         return self.inline
 
 
+def _target_of(version: VersionConfig | StageConfig) -> str:
+    """A single target, as text (a version's; a list of remotes comma-separated)."""
+    if version.discover is not None:
+        return DISCOVER_SCHEME + version.discover
+    if version.remote is not None:
+        return version.remote if isinstance(version.remote, str) else ",".join(version.remote)
+    assert version.inline is not None
+    return version.inline
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True):
     stages: dict[str, StageConfig] = {}
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
+    admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
+
+
+def _table_of(raw: dict[str, Any], exc: msgspec.ValidationError) -> str:
+    """msgspec's error, naming the table when it is one of ``[admission.*.NAME]`` (msgspec
+    does not say which key of a table of tables failed)."""
+    admission = raw.get("admission")
+    if isinstance(admission, dict):
+        for kind in ("entries", "tenants"):
+            tables = admission.get(kind)
+            for name, table in tables.items() if isinstance(tables, dict) else ():
+                try:
+                    msgspec.convert(table, Limit)
+                except msgspec.ValidationError as inner:
+                    return f"[admission.{kind}.{name}]: {inner}"
+    return str(exc)
 
 
 def _read(path: Path) -> Config:
@@ -106,7 +173,7 @@ def _read(path: Path) -> Config:
     try:
         config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {_table_of(raw, exc)}") from None
     if not isinstance(stages, dict):
         raise ConfigError(f"{path}: 'stages' must be a table of [stages.NAME] tables")
     for name, table in stages.items():
@@ -117,9 +184,14 @@ def _read(path: Path) -> Config:
     base = path.parent.resolve()
     for name, stage in config.stages.items():
         where = f"{path.resolve()}: [stages.{name}]"
-        given = [k for k in ("inline", "remote", "discover") if getattr(stage, k) is not None]
+        given = [
+            k for k in ("inline", "remote", "discover", "targets") if getattr(stage, k) is not None
+        ]
         if len(given) != 1:
-            raise ConfigError(f"{where} needs exactly one of 'inline', 'remote' or 'discover'")
+            raise ConfigError(
+                f"{where} needs exactly one of 'inline', 'remote', 'discover' or 'targets'"
+            )
+        _check_versions(where, stage)
         stage.base = str(base)
         stage.source = where
         _check_target(where, stage)
@@ -134,6 +206,18 @@ def _read(path: Path) -> Config:
 
 # host:port or an IP address with a port, as people type them without a scheme.
 _BARE_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[\w.-]+):\d+$")
+
+
+def _check_versions(where: str, stage: StageConfig) -> None:
+    """``targets``: each exactly one target; ``sticky`` only with them."""
+    if stage.sticky is not None and stage.targets is None:
+        raise ConfigError(f"{where}: 'sticky' chooses between 'targets', and there are none")
+    for i, version in enumerate(stage.targets or ()):
+        given = [k for k in ("inline", "remote", "discover") if getattr(version, k) is not None]
+        if len(given) != 1:
+            raise ConfigError(
+                f"{where}: targets[{i}] needs exactly one of 'inline', 'remote' or 'discover'"
+            )
 
 
 def _check_target(where: str, stage: StageConfig) -> None:
@@ -196,6 +280,8 @@ def load_config(
             merged.stages[name] = stage_config
         if config.transport != TransportConfig():
             merged.transport = config.transport
+        if config.admission != AdmissionConfig():
+            merged.admission = config.admission
     for spec in binds:
         name, stage_config = parse_bind(spec)
         previous = merged.stages.get(name)
@@ -255,17 +341,48 @@ def _cached(name: str, stage: StageConfig, binding: Binding) -> Binding:
         raise ConfigError(f"stage {name!r}: bad 'cache' table: {exc}") from None
 
 
+def _bound(
+    name: str, target: Any, options: dict[str, Any], base: Path | None, settings: Any
+) -> Binding:
+    try:
+        return binding_for(name, target, options=options, base=base, settings=settings)
+    except (ImportError, ValueError, TypeError, FileNotFoundError, SyntaxError) as exc:
+        raise ConfigError(f"stage {name!r}: cannot bind {target!r}: {exc}") from exc
+
+
+def _versioned(
+    name: str, stage: StageConfig, base: Path | None, settings: TransportConfig
+) -> Binding:
+    from .versions import Version, VersionedBinding
+
+    versions = []
+    for version in stage.targets or ():
+        target = _target_of(version)
+        bound = _bound(name, _listed(version, target), version.options, base, settings)
+        versions.append(Version(version.name or target, bound, version.weight))
+    try:
+        return VersionedBinding(name, versions, stage.sticky)
+    except ValueError as exc:
+        raise ConfigError(f"{stage.source}: {exc}") from None
+
+
+def _listed(version: VersionConfig, target: str) -> Any:
+    """What binding_for takes for a version: its remotes as a list."""
+    if version.remote is not None and not isinstance(version.remote, str):
+        return list(version.remote)
+    return target
+
+
 def make_bindings(config: Config) -> dict[str, Binding]:
     """Turn a merged configuration into bindings (imports inline targets; no set-up)."""
     bindings: dict[str, Binding] = {}
     for name, stage in config.stages.items():
         base = Path(stage.base) if stage.base else None
-        try:
-            binding = binding_for(
-                name, stage.target(), options=stage.options, base=base, settings=config.transport
-            )
-        except (ImportError, ValueError, TypeError, FileNotFoundError, SyntaxError) as exc:
-            raise ConfigError(f"stage {name!r}: cannot bind {stage.target()!r}: {exc}") from exc
+        binding = (
+            _versioned(name, stage, base, config.transport)
+            if stage.targets is not None
+            else _bound(name, stage.target(), stage.options, base, config.transport)
+        )
         knobs = {k: getattr(stage, k) for k in POLICY_KNOBS if getattr(stage, k) is not None}
         if knobs:
             try:

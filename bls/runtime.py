@@ -442,7 +442,7 @@ async def _streams_closed() -> AsyncIterator[None]:
         yield
         return
     streams = OpenStreams()
-    token = enter(CallContext(ctx.deadline, ctx.trace, ctx.span, streams, ctx.record))
+    token = enter(CallContext(ctx.deadline, ctx.trace, ctx.span, streams, ctx.record, ctx.priority))
     try:
         yield
     finally:

@@ -52,11 +52,11 @@ CLOSE_S = 5.0  # how long the streams a request left open get to close when it e
 
 
 class CallContext:
-    """What a stage call carries: the deadline, where its span goes, the request's open
-    streams, and the request's recording when one is kept (immutable; the streams and the
-    recording are the request's own)."""
+    """What a stage call carries: the deadline, the priority, where its span goes, the
+    request's open streams, and the request's recording when one is kept (immutable; the
+    streams and the recording are the request's own)."""
 
-    __slots__ = ("deadline", "record", "span", "streams", "trace")
+    __slots__ = ("deadline", "priority", "record", "span", "streams", "trace")
 
     def __init__(
         self,
@@ -65,12 +65,14 @@ class CallContext:
         span: Span | None = None,
         streams: OpenStreams | None = None,
         record: Any = None,
+        priority: int = 0,
     ) -> None:
         self.deadline = deadline  # epoch seconds; inf: none
         self.trace = trace  # None: untraced (the runtime records nothing)
         self.span = span  # the span new calls are children of (None: the trace's root)
         self.streams = streams  # None: outside any request (the runtime's own then)
         self.record = record  # a bls.recording.Recorder, or None
+        self.priority = priority  # higher first (bls.priority, X-Priority); 0: the default
 
     @property
     def parent(self) -> int:
@@ -86,11 +88,21 @@ class CallContext:
         """The same, with the deadline lowered to ``deadline`` (never raised)."""
         if deadline >= self.deadline:
             return self
-        return CallContext(deadline, self.trace, self.span, self.streams, self.record)
+        return CallContext(
+            deadline, self.trace, self.span, self.streams, self.record, self.priority
+        )
 
     def under(self, span: Span) -> CallContext:
         """The same, for calls made inside ``span``."""
-        return CallContext(self.deadline, self.trace, span, self.streams, self.record)
+        return CallContext(
+            self.deadline, self.trace, span, self.streams, self.record, self.priority
+        )
+
+    def at_priority(self, priority: int) -> CallContext:
+        """The same, with calls made at ``priority``."""
+        return CallContext(
+            self.deadline, self.trace, self.span, self.streams, self.record, priority
+        )
 
     def __repr__(self) -> str:
         trace = self.trace.id if self.trace is not None else None
@@ -175,10 +187,11 @@ class RequestScope:
         shield: bool = False,
         loop: Backend | None = None,
         record: Any = None,
+        priority: int = 0,
     ) -> None:
         self.id = request_id
         self._carried = carried
-        self.ctx = CallContext(carried, trace, span, OpenStreams(), record)
+        self.ctx = CallContext(carried, trace, span, OpenStreams(), record, priority)
         self._backend = loop or backend()  # a server that knows its loop passes it
         self._scope = self._backend.cancel_scope(shield=shield)
         self._when = math.inf  # the deadline in loop time
@@ -200,7 +213,7 @@ class RequestScope:
         cancel stays a cancel)."""
         ctx = self.ctx
         self.ctx = CallContext(
-            min(wall, self._carried), ctx.trace, ctx.span, ctx.streams, ctx.record
+            min(wall, self._carried), ctx.trace, ctx.span, ctx.streams, ctx.record, ctx.priority
         )
         if self._token is not None and not self._exited:
             _context.set(self.ctx)  # this task's context, undone on exit with the rest

@@ -176,7 +176,13 @@ async def client(script: str | Path, **limits: Any) -> AsyncIterator[httpx.Async
     fakes = _current_fakes()
     loaded = ScriptFile(script, configured=False)
     async with _runtime(fakes, loaded.module, str(loaded.path)) as rt:
-        app = Frontend(loaded.entries, rt, title=loaded.path.name, limits=Limits(**limits))
+        app = Frontend(
+            loaded.entries,
+            rt,
+            title=loaded.path.name,
+            limits=Limits(**limits),
+            admission=loaded.config.admission,
+        )
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bls") as http:
             yield http

@@ -46,6 +46,7 @@ class Span(msgspec.Struct, kw_only=True, gc=False):  # scalars only: nothing to 
     streaming: bool = False
     remote: bool = False  # recorded by a worker process and reported back
     attempt: int = 0  # one copy of a hedged or retried call (1, 2, ...), under the call's
+    version: str = ""  # the version of the stage that served it (bls/versions.py)
 
 
 class Trace:

@@ -214,8 +214,11 @@ class VllmWorker(bls.Worker):
         request_id = f"bls-{os.getpid()}-{next(_ids)}"
         finished = False
         first = True
+        # vLLM serves lower values first; the engine honours it with
+        # engine = { scheduling_policy = "priority" } (and ignores it otherwise).
+        priority = -bls.current_priority()
         try:
-            async for out in self.engine.generate(prompt, params, request_id):
+            async for out in self.engine.generate(prompt, params, request_id, priority=priority):
                 completion = out.outputs[0]
                 finished = out.finished
                 item = GenerateItem(

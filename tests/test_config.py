@@ -48,7 +48,7 @@ def test_relative_paths_are_resolved_against_the_file_that_names_them(tmp_path: 
     [
         (
             '[stages.a]\ninline = "m:a"\nremote = "tcp://h:1"\n',
-            "exactly one of 'inline', 'remote' or 'discover'",
+            "exactly one of 'inline', 'remote', 'discover' or 'targets'",
         ),
         ('[stages.a]\ninlin = "m:a"\n', "unknown field `inlin`"),
         ('[stages.a]\nremote = "h:5555"\n', "write tcp://h:5555"),

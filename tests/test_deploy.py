@@ -44,7 +44,39 @@ def test_the_manifests_validate_against_the_kubernetes_schemas() -> None:
     for doc in documents():
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         kinds.add(doc["kind"])
-    assert {"Deployment", "Service", "ConfigMap"} <= kinds
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"} <= kinds
+
+
+def pod_template(container: dict[str, Any]) -> dict[str, Any]:
+    (template,) = [
+        d["spec"]["template"]
+        for d in documents()
+        if d["kind"] == "Deployment" and container in d["spec"]["template"]["spec"]["containers"]
+    ]
+    return template
+
+
+def test_each_stage_scales_on_a_metric_its_workers_export() -> None:
+    from bls.transport import worker_metrics
+
+    source = Path(worker_metrics.__file__).read_text()
+    workers = {
+        d["metadata"]["name"]
+        for d in documents()
+        if d["kind"] == "Deployment"
+        and d["spec"]["template"]["spec"]["containers"][0].get("args", [""])[0] == "worker"
+    }
+    scaled = {}
+    for doc in documents():
+        if doc["kind"] != "HorizontalPodAutoscaler":
+            continue
+        target = doc["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment"
+        (metric,) = doc["spec"]["metrics"]
+        scaled[target["name"]] = metric["pods"]["metric"]["name"]
+    assert set(scaled) == workers
+    for name in scaled.values():
+        assert f'"{name}"' in source, name
 
 
 def test_bls_containers_run_commands_and_flags_that_exist() -> None:
@@ -67,8 +99,11 @@ def test_bls_containers_run_commands_and_flags_that_exist() -> None:
             assert Path(ROOT / parsed.script).is_file()
         else:
             assert parsed.command == "worker"
-            assert ports == {int(parsed.listen.rpartition(":")[2])}
+            assert ports == {int(parsed.listen.rpartition(":")[2]), parsed.metrics_port}
             assert parsed.advertise.endswith(f":{parsed.listen.rpartition(':')[2]}")
+            assert parsed.metrics_host == "0.0.0.0"  # reachable by the scraper
+            annotations = pod_template(container)["metadata"]["annotations"]
+            assert annotations["prometheus.io/port"] == str(parsed.metrics_port)
         assert parsed.discovery == "etcd://etcd:2379"
         # Kubernetes waits longer than the drain before it kills the pod.
         assert pod["terminationGracePeriodSeconds"] > parsed.grace

@@ -196,10 +196,18 @@ class Connection:
         count: int = 0,
         to: str = "",
         trace: str = "",
+        priority: int = 0,
     ) -> None:
         assert self._sock is not None
         header = Header(
-            kind=kind, call=call_id, stage=stage, deadline=deadline, count=count, to=to, trace=trace
+            kind=kind,
+            call=call_id,
+            stage=stage,
+            deadline=deadline,
+            count=count,
+            to=to,
+            trace=trace,
+            priority=priority,
         )
         self._sock.send([wire.encode_header(header), *body])
 
@@ -221,7 +229,13 @@ class Connection:
     # -- calls ------------------------------------------------------------------------
 
     def send_call(
-        self, stage: str, body: Sequence[Any], deadline: float, credit: int = 0, trace: str = ""
+        self,
+        stage: str,
+        body: Sequence[Any],
+        deadline: float,
+        credit: int = 0,
+        trace: str = "",
+        priority: int = 0,
     ) -> Call:
         assert self.info is not None and self._backend is not None
         self._next_id += 1
@@ -236,6 +250,7 @@ class Connection:
             count=credit,
             to=self.info.instance,
             trace=trace,
+            priority=priority,
         )
         return call
 

@@ -364,7 +364,7 @@ class RemoteBinding(Binding):
                 raise refusal or self._unavailable()
             if busy is not None:
                 busy.append(conn)
-            call = conn.send_call(self.name, body, deadline, credit, trace)
+            call = conn.send_call(self.name, body, deadline, credit, trace, ctx.priority)
             if span is not None:
                 span.replica = conn.address
             try:

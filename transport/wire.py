@@ -30,6 +30,7 @@ import msgspec
 
 from bls.codec import Codec
 from bls.errors import DeadlineExceeded, InvalidRequest, StageError
+from bls.priorities import MAX_PRIORITY
 from bls.scope import LATEST_DEADLINE
 from bls.tracing import Span
 
@@ -50,7 +51,7 @@ __all__ = [
     "parse",
 ]
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the header carries the request's priority
 MAX_CREDIT = 1024  # stream items a caller may let a worker send ahead, at most
 _MAX_ID = 2**63 - 1
 
@@ -81,6 +82,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     trace: str = ""  # CALL: the request id of the caller's trace (empty: not traced)
     to: str = ""  # CALL: the worker instance the caller believes it is talking to
     spans: bytes = b""  # END/ERROR of a traced call: the spans the worker recorded
+    priority: int = 0  # CALL: the request's priority (higher first; bls.priority)
 
 
 class Hello(msgspec.Struct, frozen=True):
@@ -176,6 +178,8 @@ def invalid(header: Header) -> str:
         return f"deadline {deadline!r} is not a time"
     if not 0 <= header.count <= MAX_CREDIT:
         return f"credit {header.count} is outside 0..{MAX_CREDIT}"
+    if not -MAX_PRIORITY <= header.priority <= MAX_PRIORITY:
+        return f"priority {header.priority} is outside -{MAX_PRIORITY}..{MAX_PRIORITY}"
     return ""
 
 

@@ -103,16 +103,17 @@ class CallRunner:
         self.replica = replica  # the address the caller reached, for its spans
         self._response = wire.Codec()
 
-    async def run(self, state: CallState, req: Any, deadline: float) -> None:
+    async def run(self, state: CallState, req: Any, deadline: float, priority: int = 0) -> None:
         """Run one call in its request scope: the caller's deadline (``deadline``, epoch
-        seconds; 0: none) ends it, and its stage calls carry it and the caller's trace."""
+        seconds; 0: none) ends it, and its stage calls carry it, the caller's trace and
+        its priority."""
         trace, span = state.trace, None
         if trace is not None:
             # The worker's own span; its nested stage calls become its children.
             span = trace.open(self.stage, 0, f"worker {self.binding.description}")
             span.replica = self.replica
         scope = state.scope = RequestScope(
-            trace.id if trace is not None else "", trace=trace, span=span
+            trace.id if trace is not None else "", trace=trace, span=span, priority=priority
         )
         if deadline:
             scope.expire_at(deadline)

@@ -47,6 +47,8 @@ class WorkerOptions(msgspec.Struct, kw_only=True):
     curve_allow: str | None = None
     register_at: str | None = None  # etcd://HOST:PORT to register in
     advertise: str | None = None  # the address registered (default: the bound one)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # serve /metrics (load, for autoscaling) on this port
 
 
 async def run_worker(
@@ -76,6 +78,11 @@ async def run_worker(
                 configure_socket=configure,
             )
             announced = _Announcement(options, server)
+            stop_metrics = None
+            if options.metrics_port is not None:
+                from .worker_metrics import serve_metrics
+
+                _, stop_metrics = serve_metrics(server, options.metrics_host, options.metrics_port)
             try:
                 await serve_until_signal(
                     server,
@@ -88,6 +95,8 @@ async def run_worker(
                     before_drain=announced.withdraw,
                 )
             finally:
+                if stop_metrics is not None:
+                    stop_metrics()
                 with anyio.CancelScope(shield=True):
                     await binding.aclose()
     stats = msgspec.json.encode(server.stats).decode()

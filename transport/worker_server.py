@@ -44,6 +44,7 @@ DEFAULT_CREDIT = 16
 # Messages queued for one caller that is not reading them; past this the caller is
 # presumed gone, its calls are cancelled and what is sent to it is dropped.
 SEND_QUEUE = 10_000
+BUSY_WINDOW_S = 10.0  # the busy fraction a worker reports is over this long
 
 
 class _Client(msgspec.Struct):
@@ -104,9 +105,16 @@ class WorkerServer:
         self._ack_wanted: anyio.Event | None = None
         # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
         # than the call itself for small requests. At most max_inflight lanes exist.
-        self._pending: collections.deque[tuple[CallState, Any, float]] = collections.deque()
+        self._pending: collections.deque[tuple[CallState, Any, float, int]] = collections.deque()
         self._idle: list[loop.Waiter] = []  # what each idle lane waits on
         self._lanes = 0
+        # How busy it is (--metrics-port): seconds with a call in flight, and samples of
+        # that total over the last BUSY_WINDOW_S, taken with each heartbeat tick.
+        self._busy_total = 0.0
+        self._busy_since = 0.0
+        self.busy_samples: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=max(2, int(BUSY_WINDOW_S / heartbeat_s) + 1)
+        )
         sig = binding.signature
         self._request = wire.Codec(sig.request)
         self._runner = CallRunner(binding, stage, self.stats, self)
@@ -126,6 +134,17 @@ class WorkerServer:
     @property
     def inflight(self) -> int:
         return len(self._calls)
+
+    @property
+    def queued(self) -> int:
+        """Calls taken and not yet started on a lane."""
+        return len(self._pending)
+
+    def busy_seconds(self) -> float:
+        """Seconds so far with at least one call in flight."""
+        if self._calls:
+            return self._busy_total + time.monotonic() - self._busy_since
+        return self._busy_total
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
@@ -218,6 +237,8 @@ class WorkerServer:
 
     def ended(self, state: CallState) -> None:
         del self._calls[state.key]
+        if not self._calls:
+            self._busy_total += time.monotonic() - self._busy_since
         peer = self._clients.get(state.client)
         if peer is not None:
             peer.inflight -= 1
@@ -345,8 +366,10 @@ class WorkerServer:
         peer.inflight += 1
         if header.trace:
             state.trace = Trace(header.trace, self.stage)
+        if not self._calls:
+            self._busy_since = time.monotonic()
         self._calls[state.key] = state
-        self._pending.append((state, req, header.deadline))
+        self._pending.append((state, req, header.deadline, header.priority))
         if not self._wake_lane() and self._lanes < self.max_inflight:
             assert self._tg is not None
             self._lanes += 1
@@ -403,6 +426,7 @@ class WorkerServer:
         """
         async for stalled in ticks(self.heartbeat_s, self.dead_after_s / 2):
             now = time.monotonic()
+            self.busy_samples.append((now, self.busy_seconds()))
             if stalled:  # this worker was not listening: judge its callers from now on
                 for peer in self._clients.values():
                     peer.last_heard = now

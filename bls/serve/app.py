@@ -32,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from ..config import AdmissionConfig
 from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
 from ..lifecycle import Drain
@@ -40,6 +41,7 @@ from ..recording import Recorder, RecordWriter
 from ..runtime import Runtime
 from ..tracing import Trace, TraceStore, outcome_of
 from . import chat, openapi, pages
+from .admission import Admission, Ticket
 from .answers import answer_chat, answer_entry
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
 from .intake import (
@@ -51,6 +53,8 @@ from .intake import (
     invalid,
     read_body,
     request_id,
+    request_priority,
+    request_tenant,
     request_timeout,
     watch_disconnect,
 )
@@ -81,13 +85,16 @@ class Frontend:
         export: Callable[[Trace], None] | None = None,
         model_aliases: Sequence[str] = (),
         records: RecordWriter | None = None,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         self.entries = entries
         self.records = records  # each request's record goes here (bls serve --record)
         self.runtime = runtime
         self.title = title
         self.limits = limits or Limits()
-        self.metrics = Metrics(lambda: self.inflight)
+        # Who runs, who waits (priority, tenants), who gets 429: [admission] in bls.toml.
+        self.admission = Admission(self.limits.max_inflight, admission or AdmissionConfig())
+        self.metrics = Metrics(lambda: self.inflight, lambda: self.admission.queued)
         self.metrics.watch_caches(runtime.bindings)
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
@@ -233,19 +240,18 @@ class Frontend:
     async def _accept(
         self, scope: Scope, receive: Receive, send: Send, entry: Script, run: Run
     ) -> None:
-        request = self._admit(scope, entry)
+        headers = Headers(scope)
+        started = time.perf_counter()
         try:
-            if self.draining:
-                raise HttpError(503, "draining", "the server is shutting down")
-            if self.inflight > self.limits.max_inflight:
-                limit = self.limits.max_inflight
-                raise HttpError(
-                    429,
-                    "overloaded",
-                    f"the server is at its limit of {limit} requests in flight",
-                    headers=[(b"retry-after", b"1")],
-                )
-            await self._read_and_run(scope, receive, send, entry, run, request)
+            ticket, priority = self._enter(entry, headers)
+        except HttpError as error:
+            await self._refused(scope, send, entry, headers, error, started)
+            return
+        request = self._admit(scope, entry, headers)
+        if priority:
+            request.scope.ctx = request.scope.ctx.at_priority(priority)
+        try:
+            await self._read_and_run(scope, receive, send, entry, run, request, ticket)
             request.trace.close(request.root, "ok")
         except Disconnected:
             self._dropped(request)
@@ -254,11 +260,51 @@ class Frontend:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            self.admission.leave(ticket)
             self._record(scope, request)
 
-    def _admit(self, scope: Scope, entry: Script) -> Request:
+    def _enter(self, entry: Script, headers: Headers) -> tuple[Ticket, int]:
+        """The request's place (:mod:`.admission`) and priority; 503 while draining, 429
+        when a limit refuses it, 400 for a bad X-Priority or X-Tenant."""
+        if self.draining:
+            raise HttpError(503, "draining", "the server is shutting down")
+        admission = self.admission
+        if admission.simple and headers.priority is None and headers.tenant is None:
+            return admission.enter(entry.name, None, 0), 0
+        priority = request_priority(headers)
+        return admission.enter(entry.name, request_tenant(headers), priority), priority
+
+    async def _refused(
+        self,
+        scope: Scope,
+        send: Send,
+        entry: Script,
+        headers: Headers,
+        error: HttpError,
+        started: float,
+    ) -> None:
+        """A request refused before it started: its answer, its count in /metrics and its
+        line in the access log, and no more (under a flood, refusing must stay cheap)."""
+        rid = request_id(headers.request_id)
+        if error.entry is None:
+            error.entry = entry.name
+        try:
+            await send_error(send, error, rid)
+        except OSError:
+            pass  # the client has gone already
+        elapsed = time.perf_counter() - started
+        self.metrics.request(entry.name, error.status, elapsed)
+        access.info(
+            "%s %s %s %d %.1fms",
+            rid.decode(),
+            scope["method"],
+            scope["path"],
+            error.status,
+            elapsed * 1000,
+        )
+
+    def _admit(self, scope: Scope, entry: Script, headers: Headers) -> Request:
         """The request's id, trace and scope; it counts as in flight from here."""
-        headers = Headers(scope)
         rid = request_id(headers.request_id).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
         loop = self._loop
@@ -272,12 +318,20 @@ class Frontend:
         return request
 
     async def _read_and_run(
-        self, scope: Scope, receive: Receive, send: Send, entry: Script, run: Run, request: Request
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        entry: Script,
+        run: Run,
+        request: Request,
+        ticket: Ticket,
     ) -> None:
-        """Read the body, decode it, run the entry: under one cancel scope whose deadline
-        is first the body's own, shorter one (a client that trickles its body holds its
-        admission slot no longer), then the request's, which every remote call carries;
-        a disconnect and the end of a drain cancel it too."""
+        """Wait for a slot if the request queued, read the body, decode it, run the
+        entry: under one cancel scope whose deadline is first the body's own, shorter one
+        (a client that trickles its body holds its admission slot no longer), then the
+        request's, which every remote call carries; a disconnect and the end of a drain
+        cancel it too. Time spent waiting counts against the request's deadline."""
         timeout = request_timeout(request.headers, self.limits.request_timeout)
         body_timeout = self.limits.body_timeout
         if body_timeout is None or (timeout is not None and timeout < body_timeout):
@@ -287,6 +341,8 @@ class Frontend:
         stop_watching = None
         try:
             async with request.scope:
+                if not ticket.granted:
+                    await self._queued(request, ticket, body_timeout)
                 body = await read_body(request, receive, self.limits.max_body_bytes)
                 request.reading = False
                 request.scope.limit(None)  # from here the request's own deadline
@@ -303,6 +359,14 @@ class Frontend:
             raise Disconnected
         if request.scope.cancelled_caught:
             raise self._cut_short(request, body_timeout, timeout)
+
+    async def _queued(self, request: Request, ticket: Ticket, body_timeout: float | None) -> None:
+        """Wait for a slot: the body's time starts once it has one."""
+        request.scope.limit(None)
+        request.reading = False  # (its deadline passing while it waits is a 504)
+        await ticket.wait()
+        request.reading = True
+        request.scope.limit(body_timeout)
 
     def _cut_short(
         self, request: Request, body_timeout: float | None, timeout: float | None

@@ -16,11 +16,21 @@ import msgspec
 
 from ..errors import InvalidRequest
 from ..loop import Backend
+from ..priorities import MAX_PRIORITY, checked
 from ..scope import RequestScope
 from ..tracing import Span, Trace
 from .framing import HttpError, Message, Receive, Scope, sse_error
 
-__all__ = ["Headers", "Limits", "Request", "read_body", "request_id", "request_timeout"]
+__all__ = [
+    "Headers",
+    "Limits",
+    "Request",
+    "read_body",
+    "request_id",
+    "request_priority",
+    "request_tenant",
+    "request_timeout",
+]
 
 log = logging.getLogger("bls.http")
 
@@ -173,12 +183,14 @@ async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes
 class Headers:
     """The request headers bls reads, found in one pass over the request's headers."""
 
-    __slots__ = ("accept", "content_length", "request_id", "timeout")
+    __slots__ = ("accept", "content_length", "priority", "request_id", "tenant", "timeout")
 
     def __init__(self, scope: Scope) -> None:
         self.content_length: bytes | None = None
         self.request_id: bytes | None = None
         self.timeout: bytes | None = None
+        self.priority: bytes | None = None
+        self.tenant: bytes | None = None
         self.accept = b""
         for key, value in scope["headers"]:
             if key == b"content-length":
@@ -189,6 +201,42 @@ class Headers:
                 self.timeout = bytes(value)
             elif key == b"accept":
                 self.accept = bytes(value)
+            elif key == b"x-priority":
+                self.priority = bytes(value)
+            elif key == b"x-tenant":
+                self.tenant = bytes(value)
+
+
+def request_priority(headers: Headers) -> int:
+    """``X-Priority`` (higher first; 0 without it); 400 for one that is not a priority."""
+    raw = headers.priority
+    if raw is None:
+        return 0
+    try:
+        return checked(int(raw), "X-Priority")
+    except ValueError:
+        given = raw.decode(errors="replace")
+        raise HttpError(
+            400,
+            "invalid_header",
+            f"X-Priority must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}, got {given!r}",
+            path="X-Priority",
+        ) from None
+
+
+def request_tenant(headers: Headers) -> str | None:
+    """``X-Tenant``, when sent: up to 128 printable ASCII characters, else 400."""
+    raw = headers.tenant
+    if raw is None:
+        return None
+    if not (0 < len(raw) <= 128 and raw.isascii() and raw.decode().isprintable()):
+        raise HttpError(
+            400,
+            "invalid_header",
+            "X-Tenant must be 1 to 128 printable ASCII characters",
+            path="X-Tenant",
+        )
+    return raw.decode()
 
 
 def request_timeout(headers: Headers, bound: float | None) -> float | None:

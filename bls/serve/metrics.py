@@ -55,14 +55,19 @@ class _Histogram:
 class Metrics:
     """Request, stage and cancellation counts and latencies of one frontend."""
 
-    def __init__(self, inflight: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self, inflight: Callable[[], int] = lambda: 0, queued: Callable[[], int] = lambda: 0
+    ) -> None:
         self.requests: dict[tuple[str, str], int] = {}
         self.latency: dict[str, _Histogram] = {}
         self.stage_calls: dict[str, int] = {}
         self.stage_errors: dict[tuple[str, str], int] = {}
         self.stage_latency: dict[str, _Histogram] = {}
         self.cancellations: dict[str, int] = {}
+        self.version_calls: dict[tuple[str, str, str], int] = {}  # stage, version, outcome
+        self.version_seconds: dict[tuple[str, str], float] = {}
         self._inflight = inflight
+        self._queued = queued
         self._bindings: Mapping[str, Any] = {}
         self.registry = CollectorRegistry()
         self.registry.register(self)
@@ -92,6 +97,14 @@ class Metrics:
         if span.outcome != "ok":
             key = (name, span.kind or span.outcome)
             self.stage_errors[key] = self.stage_errors.get(key, 0) + 1
+        if span.version:  # a stage split between versions: each counted on its own
+            outcome = span.outcome if span.outcome != "error" else span.kind or "error"
+            counted = (name, span.version, outcome)
+            self.version_calls[counted] = self.version_calls.get(counted, 0) + 1
+            timed = (name, span.version)
+            self.version_seconds[timed] = self.version_seconds.get(timed, 0.0) + (
+                span.end - span.start
+            )
 
     def watch_caches(self, bindings: Mapping[str, Any]) -> None:
         """Also export the hits, misses, evictions and size of the stages' result caches."""
@@ -125,6 +138,11 @@ class Metrics:
             "Requests accepted and not yet answered",
             value=self._inflight(),
         )
+        yield GaugeMetricFamily(
+            "bls_requests_queued",
+            "Requests waiting for a slot ([admission] max_queued)",
+            value=self._queued(),
+        )
         yield _counter(
             "bls_stage_calls",
             "Stage calls made by scripts, by stage",
@@ -149,12 +167,25 @@ class Metrics:
             ["reason"],
             {(k,): v for k, v in self.cancellations.items()},
         )
+        if self.version_calls:
+            yield _counter(
+                "bls_stage_version_calls",
+                "Calls of a stage split between versions, by version and outcome",
+                ["stage", "version", "outcome"],
+                self.version_calls,
+            )
+            yield _counter(
+                "bls_stage_version_seconds",
+                "Time those calls took, by version (divided by the calls: the mean)",
+                ["stage", "version"],
+                self.version_seconds,
+            )
         yield from _caches(self._bindings)
         yield from _traffic(self._bindings)
 
 
 def _counter(
-    name: str, doc: str, labels: list[str], counts: Mapping[Any, int]
+    name: str, doc: str, labels: list[str], counts: Mapping[Any, float]
 ) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=labels)
     for values, n in counts.items():

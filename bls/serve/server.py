@@ -168,6 +168,7 @@ async def serve(
                 export=export,
                 model_aliases=model_aliases,
                 records=records,
+                admission=app.config.admission,
             )
             sock = _listen(host, port)
             stop = anyio.Event()

@@ -102,7 +102,7 @@ async def test_garbage_over_a_real_socket_is_dropped_and_counted(tmp_path: Path)
                         break
                 await anyio.sleep(0.01)
             assert info is not None
-            assert "protocol 1" in info.error and "caller 99" in info.error
+            assert f"protocol {wire.PROTOCOL}" in info.error and "caller 99" in info.error
             # The hello came after the four bad frames, on the same connection: all read.
             assert server.stats.dropped >= 4
             # An over-size frame closes that peer's connection, not the worker.

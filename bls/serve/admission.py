@@ -1,0 +1,230 @@
+"""Admission: which requests the frontend runs, which wait, and which it refuses.
+
+At most ``--max-inflight`` requests run at once, and of those, requests of priority 0 and
+below (``X-Priority``, default 0) take all but ``reserved``. Past that, up to ``max_queued`` wait
+(``[admission]`` in ``bls.toml``): the highest priority first (``X-Priority``), and
+within a priority, tenants (``X-Tenant``) in weighted fair order: each waiting request is
+tagged with its tenant's virtual finish time (start-time fair queuing), so a tenant that
+floods the queue waits behind its own requests while another's go ahead of them. When
+the queue is full, the request that would be served last (lowest priority, then latest
+tag) is refused with 429: the new one, or one that was waiting.
+
+Per entry and per tenant (``[admission.entries.NAME]``, ``[admission.tenants.NAME]``,
+``"*"`` for each tenant not named): ``max_inflight`` (running and waiting together) and a
+request rate with a burst (a token bucket); past either, 429 with ``Retry-After``.
+
+With none of that configured, admitting a request is two comparisons and a counter.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+
+import anyio
+
+from ..config import AdmissionConfig, Limit
+from .framing import HttpError
+
+__all__ = ["Admission", "Ticket"]
+
+DEFAULT_TENANT = "default"  # a request without X-Tenant
+ANY_TENANT = "*"  # [admission.tenants."*"]: each tenant not named
+_MAX_TENANTS = 4096  # tenants remembered; past it, those with no request are forgotten
+
+
+class _Bound:
+    """One entry's or tenant's limit and what it holds now: requests running or waiting,
+    its token bucket, and (a tenant's) the virtual finish time of its last queued one."""
+
+    __slots__ = (
+        "_refilled",
+        "burst",
+        "finish",
+        "held",
+        "limit",
+        "max_inflight",
+        "name",
+        "rate",
+        "tokens",
+    )
+
+    def __init__(self, name: str, limit: Limit) -> None:
+        self.name = name
+        self.limit = limit
+        self.max_inflight = limit.max_inflight or math.inf
+        self.rate = limit.rate
+        self.burst = float(limit.burst or max(1, math.ceil(limit.rate or 1)))
+        self.tokens = self.burst
+        self.held = 0
+        self.finish = 0.0
+        self._refilled = time.monotonic()
+
+    def take(self, what: str) -> None:
+        """Count one more request; 429 naming ``what`` when over the limit."""
+        if self.held >= self.max_inflight:
+            raise _limited(f"{what} is at its limit of {self.limit.max_inflight} requests", 1)
+        if self.rate is not None:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self._refilled) * self.rate)
+            self._refilled = now
+            if self.tokens < 1:
+                wait = (1 - self.tokens) / self.rate
+                raise _limited(f"{what} is over its rate of {self.rate:g} requests a second", wait)
+            self.tokens -= 1
+        self.held += 1
+
+
+def _limited(why: str, retry_after: float) -> HttpError:
+    seconds = max(1, math.ceil(retry_after))
+    return HttpError(429, "rate_limited", why, headers=[(b"retry-after", str(seconds).encode())])
+
+
+class Ticket:
+    """One request's place: running (``granted``), waiting, or refused while waiting."""
+
+    __slots__ = ("entry", "granted", "key", "refused", "tenant", "woken")
+
+    def __init__(self, entry: _Bound | None, tenant: _Bound | None) -> None:
+        self.entry = entry
+        self.tenant = tenant
+        self.granted = False
+        self.refused: HttpError | None = None
+        self.key: tuple[int, float, int] = (0, 0.0, 0)
+        self.woken: anyio.Event | None = None
+
+    async def wait(self) -> None:
+        """Until the request may run; its 429 if a better one took its place."""
+        if self.woken is not None:
+            await self.woken.wait()
+        if self.refused is not None:
+            raise self.refused
+
+
+GRANTED = Ticket(None, None)
+GRANTED.granted = True
+
+
+class Admission:
+    """The frontend's admission (module docstring): ``enter`` when a request arrives,
+    ``Ticket.wait`` until it may run, ``leave`` when it is over, whatever happened."""
+
+    def __init__(self, max_inflight: int, config: AdmissionConfig) -> None:
+        assert config.reserved < max_inflight, "checked at start-up (bls.commands)"
+        self.max_inflight = max_inflight
+        self.reserved = config.reserved
+        self.max_queued = config.max_queued
+        self.running = 0
+        self._entries = {n: _Bound(n, limit) for n, limit in config.entries.items()}
+        self._tenant_limits = dict(config.tenants)
+        self._tenants: dict[str, _Bound] = {}
+        self._queue: list[tuple[tuple[int, float, int], Ticket]] = []
+        self._virtual = 0.0  # the tag of the request last taken from the queue
+        self._seq = itertools.count()
+        # Nothing but --max-inflight: no tenant, entry or queue to look at.
+        self.simple = not (self._entries or self._tenant_limits or self.max_queued or self.reserved)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def enter(self, entry: str, tenant: str | None, priority: int) -> Ticket:
+        """The request's ticket, granted or to wait on; 429 when a limit refuses it."""
+        if self.simple:
+            if self.running >= self.max_inflight:
+                raise self._full()
+            self.running += 1
+            return GRANTED
+        bound = self._entries.get(entry)
+        if bound is not None:
+            bound.take(f"entry {entry!r}")
+        owner = self._tenant(tenant or DEFAULT_TENANT)
+        try:
+            owner.take(f"tenant {owner.name!r}")
+        except HttpError:
+            if bound is not None:
+                bound.held -= 1
+            raise
+        ticket = Ticket(bound, owner)
+        # (Requests wait only for lack of a slot their priority may take: one of a higher
+        # priority may find a reserved one free.)
+        if self.running < self._slots(priority) and (
+            not self._queue or priority > -self._queue[0][0][0]
+        ):
+            self.running += 1
+            ticket.granted = True
+            return ticket
+        if not self.max_queued:
+            self._release(ticket)
+            raise self._full(priority=priority)
+        return self._enqueue(ticket, priority)
+
+    def leave(self, ticket: Ticket) -> None:
+        """The request is over (or refused, or cancelled while it waited)."""
+        if ticket is GRANTED:
+            self.running -= 1
+            return
+        if ticket.granted:
+            self.running -= 1
+        elif ticket.refused is None and ticket.woken is not None:
+            self._queue.remove((ticket.key, ticket))  # cancelled while it waited
+            heapq.heapify(self._queue)
+        self._release(ticket)
+        # The queue's head has the highest priority: if it may not run, none may.
+        while self._queue and self.running < self._slots(-self._queue[0][0][0]):
+            _, nxt = heapq.heappop(self._queue)
+            self._virtual = max(self._virtual, nxt.key[1])
+            self.running += 1
+            nxt.granted = True
+            assert nxt.woken is not None
+            nxt.woken.set()
+
+    def _slots(self, priority: int) -> int:
+        """The slots a request of ``priority`` may take (the reserved ones: above 0)."""
+        return self.max_inflight if priority > 0 else self.max_inflight - self.reserved
+
+    def _enqueue(self, ticket: Ticket, priority: int) -> Ticket:
+        owner = ticket.tenant
+        assert owner is not None
+        weight = owner.limit.weight
+        owner.finish = max(self._virtual, owner.finish) + 1 / weight
+        ticket.key = (-priority, owner.finish, next(self._seq))
+        ticket.woken = anyio.Event()
+        heapq.heappush(self._queue, (ticket.key, ticket))
+        if len(self._queue) > self.max_queued:
+            worst = max(self._queue)
+            self._queue.remove(worst)
+            heapq.heapify(self._queue)
+            shed = worst[1]
+            shed.refused = self._full(queued=True, priority=-shed.key[0])
+            self._release(shed)
+            if shed is ticket:
+                raise shed.refused
+            assert shed.woken is not None
+            shed.woken.set()
+        return ticket
+
+    def _tenant(self, name: str) -> _Bound:
+        bound = self._tenants.get(name)
+        if bound is None:
+            if len(self._tenants) >= _MAX_TENANTS:  # forget those holding nothing
+                self._tenants = {n: b for n, b in self._tenants.items() if b.held}
+            limit = self._tenant_limits.get(name) or self._tenant_limits.get(ANY_TENANT)
+            bound = self._tenants[name] = _Bound(name, limit or Limit())
+        return bound
+
+    def _release(self, ticket: Ticket) -> None:
+        for bound in (ticket.entry, ticket.tenant):
+            if bound is not None:
+                bound.held -= 1
+        ticket.entry = ticket.tenant = None
+
+    def _full(self, queued: bool = False, priority: int = 0) -> HttpError:
+        why = f"the server is at its limit of {self.max_inflight} requests in flight"
+        if self.reserved and priority <= 0:
+            why += f" ({self.reserved} of them kept for requests of priority above 0)"
+        if queued:
+            why += f" and {self.max_queued} waiting, and the waiting ones come first"
+        return HttpError(429, "overloaded", why, headers=[(b"retry-after", b"1")])

@@ -1,0 +1,87 @@
+"""`bls worker --metrics-port`: a real worker's load, scraped over HTTP while calls run
+and after, as an autoscaler would see it."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import anyio
+import httpx
+import pytest
+
+import bls
+from bls.bindings import binding_for
+
+from .cli import ROOT, bls_env
+from .procs import Proc, start, stop, wait_for
+
+STAGES = str(ROOT / "bench" / "policy_stages.py")
+
+
+def _metrics_url(worker: Proc) -> str:
+    found: list[str] = []
+
+    def logged() -> bool:
+        for line in worker.lines:
+            match = re.search(r"metrics on (http://\S+)", line)
+            if match:
+                found.append(match.group(1))
+                return True
+        return False
+
+    wait_for(logged, timeout=10)
+    return found[0]
+
+
+def _sample(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(url, timeout=10).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted({"stage": "work", **labels}.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name}{{{want}}} in:\n{text}")
+
+
+class Job(bls.Message):
+    n: int
+
+
+class Done(bls.Message):
+    n: int
+    replica: str
+
+
+@pytest.mark.anyio
+async def test_a_worker_reports_its_calls_in_flight_and_how_busy_it_is() -> None:
+    worker = start(
+        ["worker", f"{STAGES}:work", "--listen", "tcp://127.0.0.1:0", "--max-inflight", "4",
+         "--metrics-port", "0"],
+        env=bls_env(BLS_REPLICA_DELAY_MS="600"),
+    )  # fmt: skip
+    try:
+        url = _metrics_url(worker)
+        assert _sample(url, "bls_worker_inflight_calls") == 0
+        assert _sample(url, "bls_worker_max_inflight") == 4
+        handle = bls.Stage("work", Job, Done)
+        async with bls.Runtime({"work": binding_for("work", worker.address)}) as rt:
+
+            @bls.script
+            async def one(req: Job) -> Done:
+                return await handle(req)
+
+            async with anyio.create_task_group() as tg:
+                for n in range(3):
+                    tg.start_soon(rt.run, one, Job(n=n))
+                await anyio.to_thread.run_sync(
+                    lambda: wait_for(lambda: _sample(url, "bls_worker_inflight_calls") == 3)
+                )
+        assert _sample(url, "bls_worker_inflight_calls") == 0
+        assert _sample(url, "bls_worker_calls_total", outcome="completed") == 3
+        assert 0.5 < _sample(url, "bls_worker_busy_seconds_total") < 5
+        # Busy for 0.6 s of the samples so far (heartbeat ticks of 0.25 s): some share.
+        assert 0 < _sample(url, "bls_worker_busy_ratio") <= 1
+        worker.signal(signal.SIGTERM)  # the metrics server stops with the worker
+        assert worker.wait() == 0
+    finally:
+        stop(worker.popen)
