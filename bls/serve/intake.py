@@ -215,13 +215,8 @@ def request_priority(headers: Headers) -> int:
     try:
         return checked(int(raw), "X-Priority")
     except ValueError:
-        given = raw.decode(errors="replace")
-        raise HttpError(
-            400,
-            "invalid_header",
-            f"X-Priority must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}, got {given!r}",
-            path="X-Priority",
-        ) from None
+        expected = f"an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}"
+        raise _bad_header("X-Priority", expected, raw) from None
 
 
 def request_tenant(headers: Headers) -> str | None:
@@ -230,12 +225,7 @@ def request_tenant(headers: Headers) -> str | None:
     if raw is None:
         return None
     if not (0 < len(raw) <= 128 and raw.isascii() and raw.decode().isprintable()):
-        raise HttpError(
-            400,
-            "invalid_header",
-            "X-Tenant must be 1 to 128 printable ASCII characters",
-            path="X-Tenant",
-        )
+        raise _bad_header("X-Tenant", "1 to 128 printable ASCII characters")
     return raw.decode()
 
 
@@ -250,14 +240,15 @@ def request_timeout(headers: Headers, bound: float | None) -> float | None:
     except ValueError:
         seconds = math.nan
     if not seconds > 0 or math.isinf(seconds):
-        given = raw.decode(errors="replace")
-        raise HttpError(
-            400,
-            "invalid_header",
-            f"X-Request-Timeout must be a positive number of seconds, got {given!r}",
-            path="X-Request-Timeout",
-        )
+        raise _bad_header("X-Request-Timeout", "a positive number of seconds", raw)
     return seconds if bound is None else min(seconds, bound)
+
+
+def _bad_header(name: str, expected: str, given: bytes | None = None) -> HttpError:
+    """400 naming the header, what it must be, and (when it is short enough to show) what
+    it was."""
+    got = f", got {given.decode(errors='replace')!r}" if given is not None else ""
+    return HttpError(400, "invalid_header", f"{name} must be {expected}{got}", path=name)
 
 
 def request_id(given: bytes | None) -> bytes:
