@@ -20,24 +20,21 @@ import anyio
 from bls.errors import StageError
 from bls.scope import CallContext
 from bls.tracing import outcome_of
-from bls.traffic import Hedge, Latencies, Policy, RetryBudget, Traffic
+from bls.traffic import Hedge, Latencies, RetryBudget
 
+from . import ejection
 from .connection import Connection
 
 __all__ = ["Replicas", "call"]
 
 
-class Replicas(Protocol):
-    """What the attempts need of a stage's replica set (transport/replicas.py's
-    RemoteBinding): its policy and the state it keeps, its replicas, and one call."""
+class Replicas(ejection.Replicas, Protocol):
+    """What the attempts need of a stage's replica set besides: its description, the
+    latencies and retry budget it keeps, and one call."""
 
-    name: str
     description: str
-    policy: Policy
-    traffic: Traffic
     latencies: Latencies
     retry_budget: RetryBudget | None
-    connections: list[Connection]
 
     async def answer(
         self, body: list[Any], ctx: CallContext, busy: list[Connection] | None = None

@@ -28,6 +28,9 @@ SAMPLES = 3  # a replica's recent calls needed before its latency is compared
 
 
 class Replicas(Protocol):
+    """What ejection needs of a stage's replica set (transport/replicas.py's
+    RemoteBinding): its name, policy, counts and replicas."""
+
     name: str
     policy: Policy
     traffic: Traffic

@@ -247,7 +247,7 @@ class Frontend:
         except HttpError as error:
             await self._refused(scope, send, entry, headers, error, started)
             return
-        request = self._admit(scope, entry, headers)
+        request = self._admit(scope, entry, headers, started)
         if priority:
             request.scope.ctx = request.scope.ctx.at_priority(priority)
         try:
@@ -292,18 +292,17 @@ class Frontend:
             await send_error(send, error, rid)
         except OSError:
             pass  # the client has gone already
+        self._counted(scope, rid.decode(), entry.name, error.status, started)
+
+    def _counted(self, scope: Scope, rid: str, entry: str, status: int, started: float) -> None:
+        """A request's answer in /metrics and its line in the access log."""
         elapsed = time.perf_counter() - started
-        self.metrics.request(entry.name, error.status, elapsed)
+        self.metrics.request(entry, status, elapsed)
         access.info(
-            "%s %s %s %d %.1fms",
-            rid.decode(),
-            scope["method"],
-            scope["path"],
-            error.status,
-            elapsed * 1000,
+            "%s %s %s %d %.1fms", rid, scope["method"], scope["path"], status, elapsed * 1000
         )
 
-    def _admit(self, scope: Scope, entry: Script, headers: Headers) -> Request:
+    def _admit(self, scope: Scope, entry: Script, headers: Headers, started: float) -> Request:
         """The request's id, trace and scope; it counts as in flight from here."""
         rid = request_id(headers.request_id).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
@@ -312,7 +311,7 @@ class Frontend:
             loop = self._loop = backend()
         root = trace.open(entry.name, 0, "script", entry.streaming)
         recorder = Recorder(self.records.script) if self.records is not None else None
-        request = Request(rid, entry.name, trace, root, loop, headers, recorder)
+        request = Request(rid, entry.name, trace, root, loop, headers, started, recorder)
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -418,7 +417,6 @@ class Frontend:
         """The request is over: its trace kept (and exported), metrics, the access log."""
         self._requests.discard(request)
         self.inflight -= 1
-        elapsed = time.perf_counter() - request.started
         trace = request.trace
         trace.status = request.status
         self.traces.add(trace)
@@ -427,18 +425,10 @@ class Frontend:
                 self.export(trace)
             except Exception:  # telemetry never fails a request
                 log.exception("could not export the trace of request %s", request.id)
-        self.metrics.request(request.entry, request.status, elapsed)
         recorder = request.scope.ctx.record
         if recorder is not None and self.records is not None:
             self.records.write(request.id, recorder.finish())
-        access.info(
-            "%s %s %s %d %.1fms",
-            request.id,
-            scope["method"],
-            scope["path"],
-            request.status,
-            elapsed * 1000,
-        )
+        self._counted(scope, request.id, request.entry, request.status, request.started)
         self._drain.left()
 
     # -- drain ------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import itertools
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -87,12 +86,13 @@ class Request:
         root: Span,
         loop: Backend,
         headers: Headers,
+        started: float,
         record: Any = None,
     ) -> None:
         self.id = request_id
         self.headers = headers
         self.entry = entry
-        self.started = time.perf_counter()
+        self.started = started  # time.perf_counter() when it arrived
         self.trace = trace
         self.root = root  # the request's own span
         # The request's deadline, disconnect and drain.
