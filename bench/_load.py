@@ -1,13 +1,15 @@
 """HTTP load of one class of clients (its own headers), in a process of its own: each
 keep-alive connection sends the next request as soon as the last is answered, whatever
 its status, or (``rate``: requests a second per connection) no sooner than its turn. For
-the admission benchmarks, where a flood of one class runs beside the class measured."""
+the admission benchmarks, where a flood of one class runs beside the class measured, and
+for bench/frontend.py (one class, on uvloop, after a short warm-up)."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 
@@ -51,38 +53,41 @@ async def _load(
     connections: int,
     seconds: float,
     rate: float | None,
+    body: bytes,
+    warm: float,
 ) -> list[tuple[float, int]]:
     parts = urlsplit(url)
-    body = b'{"n": 1}'
     extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     request = (
         f"POST {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Type: application/json\r\n"
         f"{extra}Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     out: list[tuple[float, int]] = []
-    until = time.perf_counter() + seconds
     host, port = parts.hostname or "", parts.port or 80
+    if warm:  # connections, first-call paths: one connection, not measured
+        await _connection(host, port, request, time.perf_counter() + warm, [], None)
+    until = time.perf_counter() + seconds
     await asyncio.gather(
         *(_connection(host, port, request, until, out, rate) for _ in range(connections))
     )
     return out
 
 
-def _main(
-    url: str,
-    path: str,
-    headers: dict[str, str],
-    connections: int,
-    seconds: float,
-    rate: float | None,
-    queue: multiprocessing.Queue[list[tuple[float, int]]],
-) -> None:
-    queue.put(asyncio.run(_load(url, path, headers, connections, seconds, rate)))
+def _main(queue: multiprocessing.Queue[list[tuple[float, int]]], uvloop: bool, *args: Any) -> None:
+    if uvloop:
+        try:
+            import uvloop as loop
+
+            loop.install()
+        except ImportError:
+            pass
+    queue.put(asyncio.run(_load(*args)))
 
 
 class Load:
     """``with Load(url, path, headers, connections, seconds) as load:`` ... ``load.result()``:
-    (seconds, status) per request."""
+    (seconds, status) per request. ``body``: what each POSTs; ``warm``: seconds of one
+    connection's requests first, not measured; ``uvloop``: run on it when installed."""
 
     def __init__(
         self,
@@ -92,12 +97,15 @@ class Load:
         connections: int,
         seconds: float,
         rate: float | None = None,
+        *,
+        body: bytes = b'{"n": 1}',
+        warm: float = 0.0,
+        uvloop: bool = False,
     ) -> None:
-        self.seconds = seconds
+        self.seconds = seconds + warm
         self._queue: multiprocessing.Queue[list[tuple[float, int]]] = multiprocessing.Queue()
-        self._proc = multiprocessing.Process(
-            target=_main, args=(url, path, headers, connections, seconds, rate, self._queue)
-        )
+        args = (url, path, headers, connections, seconds, rate, body, warm)
+        self._proc = multiprocessing.Process(target=_main, args=(self._queue, uvloop, *args))
 
     def __enter__(self) -> Load:
         self._proc.start()

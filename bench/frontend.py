@@ -16,86 +16,25 @@ median [min-max]. Absolute times drift on shared machines; compare within one ru
 from __future__ import annotations
 
 import argparse
-import asyncio
-import multiprocessing
 import shutil
 import statistics
 import sys
 import tempfile
-import time
-from urllib.parse import urlsplit
 
+from _load import Load
 from _procs import BLS, SERVING_APP, cpu_seconds, serve_app, spawn, spread, stop_all
-
-# -- the load generator (a process of its own) -------------------------------------------
-
-
-async def _connection(host: str, port: int, request: bytes, until: float, out: list[float]) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
-    perf = time.perf_counter
-    try:
-        while perf() < until:
-            t0 = perf()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            if not head.startswith(b"HTTP/1.1 200"):
-                raise RuntimeError(f"unexpected answer: {head[:60]!r}")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
-            out.append(perf() - t0)
-    finally:
-        writer.close()
-
-
-async def _load(url: str, path: str, concurrency: int, seconds: float) -> list[float]:
-    parts = urlsplit(url)
-    body = b'{"text":"hello"}'
-    request = (
-        f"POST {path} HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    latencies: list[float] = []
-    # Warm up (connections, first-call paths), then measure.
-    await _connection(
-        parts.hostname or "", parts.port or 80, request, time.perf_counter() + 0.3, []
-    )
-    until = time.perf_counter() + seconds
-    await asyncio.gather(
-        *(
-            _connection(parts.hostname or "", parts.port or 80, request, until, latencies)
-            for _ in range(concurrency)
-        )
-    )
-    return latencies
-
-
-def _run_load(
-    url: str,
-    path: str,
-    concurrency: int,
-    seconds: float,
-    queue: multiprocessing.Queue[list[float]],
-) -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    queue.put(asyncio.run(_load(url, path, concurrency, seconds)))
 
 
 def measure(url: str, path: str, concurrency: int, seconds: float) -> tuple[float, float, float]:
-    """(req/s, p50 ms, p99 ms) for ``concurrency`` keep-alive connections."""
-    queue: multiprocessing.Queue[list[float]] = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=_run_load, args=(url, path, concurrency, seconds, queue))
-    proc.start()
-    latencies = queue.get(timeout=seconds + 60)
-    proc.join()
-    latencies.sort()
+    """(req/s, p50 ms, p99 ms) for ``concurrency`` keep-alive connections (bench/_load.py,
+    in a process of its own, on uvloop), each answer a 200."""
+    body = b'{"text":"hello"}'
+    with Load(url, path, {}, concurrency, seconds, body=body, warm=0.3, uvloop=True) as load:
+        rows = load.result()
+    refused = [status for _, status in rows if status != 200]
+    if refused:
+        raise RuntimeError(f"unexpected answer: HTTP {refused[0]} ({len(refused)} of {len(rows)})")
+    latencies = sorted(t for t, _ in rows)
     p50 = statistics.median(latencies) * 1000
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
     return len(latencies) / seconds, p50, p99
