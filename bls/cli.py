@@ -155,7 +155,16 @@ def _worker(sub: Any) -> None:
         type=count(1, MAX_INFLIGHT),
         default=256,
         metavar="N",
-        help="calls served at once, 1 to 1000000; more are refused as 'overloaded' (default 256)",
+        help="calls held at once (running or waiting), 1 to 1000000; more are refused as "
+        "'overloaded' (default 256)",
+    )
+    p.add_argument(
+        "--max-running",
+        type=count(1, MAX_INFLIGHT),
+        metavar="N",
+        help="calls run at once; the rest of --max-inflight wait, highest priority first, and "
+        "when all are held a call of higher priority displaces the waiting call of lowest "
+        "(default: --max-inflight: none wait)",
     )
     p.add_argument(
         "--grace",

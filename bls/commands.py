@@ -117,6 +117,11 @@ def worker(args: argparse.Namespace) -> int:
         raise ConfigError("--curve-allow needs --curve-secret")
     if args.advertise and not args.discovery:
         raise ConfigError("--advertise needs --discovery")
+    if args.max_running is not None and args.max_running > args.max_inflight:
+        raise ConfigError(
+            f"--max-running {args.max_running} is more than --max-inflight {args.max_inflight}: "
+            "a worker runs no more calls than it holds"
+        )
     if args.discovery and not args.advertise:
         host = args.listen.partition("://")[2].rpartition(":")[0]
         if host in ("0.0.0.0", "*", "[::]", "::"):
@@ -149,6 +154,7 @@ def worker(args: argparse.Namespace) -> int:
         stage=stage,
         strict_name=bool(args.stage),
         max_inflight=args.max_inflight,
+        max_running=args.max_running,
         max_inflight_per_caller=args.max_inflight_per_caller,
         grace=args.grace,
         transport=config.transport,

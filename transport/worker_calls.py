@@ -117,7 +117,7 @@ class CallRunner:
         )
         if deadline:
             scope.expire_at(deadline)
-        if state.cancelled:
+        if state.cancelled or state.shutdown:
             scope.cancel()
         try:
             async with scope:

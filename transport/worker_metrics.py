@@ -32,8 +32,10 @@ class _Load:
         gauges = (
             ("bls_worker_inflight_calls", "Calls taken and not yet answered", server.inflight),
             ("bls_worker_queued_calls", "Calls taken and not yet started", server.queued),
-            ("bls_worker_max_inflight", "Calls it takes at once (--max-inflight)",
+            ("bls_worker_max_inflight", "Calls it holds at once (--max-inflight)",
              server.max_inflight),
+            ("bls_worker_max_running", "Calls it runs at once (--max-running)",
+             server.max_running),
             ("bls_worker_busy_ratio", "Share of the last 10 s with a call in flight",
              busy_ratio(server)),
         )  # fmt: skip

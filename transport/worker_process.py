@@ -40,6 +40,7 @@ class WorkerOptions(msgspec.Struct, kw_only=True):
     stage: str
     strict_name: bool = False  # refuse callers that expect another stage name
     max_inflight: int = 256
+    max_running: int | None = None  # calls run at once; the rest wait (default: all)
     max_inflight_per_caller: int | None = None
     grace: float = 10.0
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
@@ -71,6 +72,7 @@ async def run_worker(
                 stage=options.stage,
                 strict_name=options.strict_name,
                 max_inflight=options.max_inflight,
+                max_running=options.max_running,
                 max_inflight_per_caller=options.max_inflight_per_caller,
                 max_frame_bytes=options.transport.max_frame_bytes,
                 heartbeat_s=options.transport.heartbeat_s,

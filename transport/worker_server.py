@@ -35,6 +35,7 @@ from .liveness import ticks
 from .sockets import AsyncSocket
 from .wire import Header, Kind, WorkerInfo
 from .worker_calls import CallRunner, CallState, WorkerStats, undecodable
+from .worker_queue import CallQueue
 
 __all__ = ["WorkerServer", "WorkerStats"]
 
@@ -76,6 +77,7 @@ class WorkerServer:
         stage: str,
         strict_name: bool = False,
         max_inflight: int = 256,
+        max_running: int | None = None,
         max_inflight_per_caller: int | None = None,
         max_frame_bytes: int = 256 * 1024 * 1024,
         heartbeat_s: float = 0.25,
@@ -88,6 +90,8 @@ class WorkerServer:
         self.stage = stage
         self.strict_name = strict_name
         self.max_inflight = max_inflight
+        # Calls run at once; the rest of max_inflight wait, highest priority first.
+        self.max_running = min(max_running or max_inflight, max_inflight)
         self.max_per_caller = max_inflight_per_caller or max_inflight
         self.max_frame_bytes = max_frame_bytes
         self.heartbeat_s = heartbeat_s
@@ -104,8 +108,9 @@ class WorkerServer:
         self._tg: anyio.abc.TaskGroup | None = None
         self._ack_wanted: anyio.Event | None = None
         # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
-        # than the call itself for small requests. At most max_inflight lanes exist.
-        self._pending: collections.deque[tuple[CallState, Any, float, int]] = collections.deque()
+        # than the call itself for small requests. At most max_running lanes exist; the
+        # calls taken and not yet on one wait in priority order (.worker_queue).
+        self._pending = CallQueue()
         self._idle: list[loop.Waiter] = []  # what each idle lane waits on
         self._lanes = 0
         # How busy it is (--metrics-port): seconds with a call in flight, and samples of
@@ -189,6 +194,10 @@ class WorkerServer:
                 state.shutdown = True
                 if state.scope is not None:
                     state.scope.cancel()
+                elif self._pending.remove(state):
+                    self.stats.cancelled += 1
+                    why = "the worker shut down before the call started"
+                    self._end_waiting(state, "shutdown", why)
 
         return await self._drain.drain(grace, cancel_rest)
 
@@ -336,7 +345,7 @@ class WorkerServer:
         if self.draining:
             self._reject(client, call_id, "unavailable", "the worker is shutting down")
             return
-        if len(self._calls) >= self.max_inflight:
+        if len(self._calls) >= self.max_inflight and not self._displace(header.priority):
             self._reject(
                 client,
                 call_id,
@@ -369,8 +378,8 @@ class WorkerServer:
         if not self._calls:
             self._busy_since = time.monotonic()
         self._calls[state.key] = state
-        self._pending.append((state, req, header.deadline, header.priority))
-        if not self._wake_lane() and self._lanes < self.max_inflight:
+        self._pending.push(state, req, header.deadline, header.priority)
+        if not self._wake_lane() and self._lanes < self.max_running:
             assert self._tg is not None
             self._lanes += 1
             self._tg.start_soon(self._lane)
@@ -388,7 +397,7 @@ class WorkerServer:
         backend = loop.backend()
         while True:
             while pending:
-                await self._runner.run(*pending.popleft())
+                await self._runner.run(*pending.pop())
             waiter = backend.waiter()
             self._idle.append(waiter)
             await waiter.wait()
@@ -401,6 +410,26 @@ class WorkerServer:
         state.cancelled = True
         if state.scope is not None:
             state.scope.cancel()
+        elif self._pending.remove(state):  # waiting for a lane: answered now
+            self.stats.cancelled += 1
+            self._end_waiting(state, "cancelled", "cancelled by the caller")
+
+    def _displace(self, priority: int) -> bool:
+        """Every place is held: refuse the waiting call that would start last, if its
+        priority is below ``priority``, to make room; False if none is."""
+        state = self._pending.displace(priority)
+        if state is None:
+            return False
+        self.stats.rejected += 1
+        why = "displaced by a call of higher priority while the worker was at its limit"
+        self._end_waiting(state, "overloaded", why)
+        return True
+
+    def _end_waiting(self, state: CallState, kind: str, why: str) -> None:
+        """End a call that never started: its final frame, and forget it."""
+        info = wire.error_info(StageError(self.stage, kind, why))
+        self.final(state, Kind.ERROR, [wire.encode_error(info)])
+        self.ended(state)
 
     # -- housekeeping -----------------------------------------------------------------
 
@@ -461,4 +490,7 @@ class WorkerServer:
             state.cancelled = True
             if state.scope is not None:
                 state.scope.cancel()
+            elif self._pending.remove(state):  # nobody to answer
+                self.stats.cancelled += 1
+                self.ended(state)
         self._clients.pop(client, None)

@@ -19,7 +19,8 @@ from .procs import Proc, start, stop, wait_for
 STAGES = str(ROOT / "bench" / "policy_stages.py")
 
 
-def _metrics_url(worker: Proc) -> str:
+def metrics_url(worker: Proc) -> str:
+    """The /metrics URL a worker logged."""
     found: list[str] = []
 
     def logged() -> bool:
@@ -34,9 +35,10 @@ def _metrics_url(worker: Proc) -> str:
     return found[0]
 
 
-def _sample(url: str, name: str, **labels: str) -> float:
+def sample(url: str, name: str, stage: str = "work", **labels: str) -> float:
+    """One sample of a worker's /metrics, by name and labels."""
     text = httpx.get(url, timeout=10).text
-    want = ",".join(f'{k}="{v}"' for k, v in sorted({"stage": "work", **labels}.items()))
+    want = ",".join(f'{k}="{v}"' for k, v in sorted({"stage": stage, **labels}.items()))
     for line in text.splitlines():
         if line.startswith(f"{name}{{{want}}} "):
             return float(line.split()[-1])
@@ -60,9 +62,9 @@ async def test_a_worker_reports_its_calls_in_flight_and_how_busy_it_is() -> None
         env=bls_env(BLS_REPLICA_DELAY_MS="600"),
     )  # fmt: skip
     try:
-        url = _metrics_url(worker)
-        assert _sample(url, "bls_worker_inflight_calls") == 0
-        assert _sample(url, "bls_worker_max_inflight") == 4
+        url = metrics_url(worker)
+        assert sample(url, "bls_worker_inflight_calls") == 0
+        assert sample(url, "bls_worker_max_inflight") == 4
         handle = bls.Stage("work", Job, Done)
         async with bls.Runtime({"work": binding_for("work", worker.address)}) as rt:
 
@@ -74,13 +76,13 @@ async def test_a_worker_reports_its_calls_in_flight_and_how_busy_it_is() -> None
                 for n in range(3):
                     tg.start_soon(rt.run, one, Job(n=n))
                 await anyio.to_thread.run_sync(
-                    lambda: wait_for(lambda: _sample(url, "bls_worker_inflight_calls") == 3)
+                    lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls") == 3)
                 )
-        assert _sample(url, "bls_worker_inflight_calls") == 0
-        assert _sample(url, "bls_worker_calls_total", outcome="completed") == 3
-        assert 0.5 < _sample(url, "bls_worker_busy_seconds_total") < 5
+        assert sample(url, "bls_worker_inflight_calls") == 0
+        assert sample(url, "bls_worker_calls_total", outcome="completed") == 3
+        assert 0.5 < sample(url, "bls_worker_busy_seconds_total") < 5
         # Busy for 0.6 s of the samples so far (heartbeat ticks of 0.25 s): some share.
-        assert 0 < _sample(url, "bls_worker_busy_ratio") <= 1
+        assert 0 < sample(url, "bls_worker_busy_ratio") <= 1
         worker.signal(signal.SIGTERM)  # the metrics server stops with the worker
         assert worker.wait() == 0
     finally:
