@@ -278,8 +278,8 @@ def _apply_discovery(config: Config, args: argparse.Namespace) -> None:
 def _apply_admission(
     app: ScriptFile, max_queued: int | None, max_inflight: int | None = None
 ) -> None:
-    """``--max-queued`` over ``[admission]``; its entries must be the script's, and its
-    reserved slots fewer than ``--max-inflight``."""
+    """``--max-queued`` over ``[admission]``; its entries must be the script's, its
+    reserved slots fewer than ``--max-inflight``, and its tenant function one that loads."""
     admission = app.config.admission
     if max_queued is not None:
         admission.max_queued = max_queued
@@ -292,3 +292,6 @@ def _apply_admission(
         if name not in app.entries:
             known = ", ".join(app.entries)
             raise ConfigError(f"[admission.entries.{name}]: no entry {name!r} (entries: {known})")
+    from .serve.tenants import tenant_function
+
+    tenant_function(admission)  # loads, or says why it cannot, before anything starts

@@ -80,12 +80,15 @@ class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     """``[admission]`` in ``bls.toml``: who ``bls serve`` lets in, and who waits (see
     docs/policy.md). ``max_queued``: requests that wait for a slot when ``--max-inflight``
     are running (0: none wait, the rest get 429); ``reserved``: slots only requests of a
-    priority above 0 may take; ``tenants."*"``: each tenant not named."""
+    priority above 0 may take; ``tenants."*"``: each tenant not named; ``tenant``: the
+    function that names a request's tenant instead of its ``X-Tenant``."""
 
     max_queued: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
     reserved: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
     entries: dict[str, Limit] = {}
     tenants: dict[str, Limit] = {}
+    tenant: str | None = None  # "FILE:FUNCTION" naming each request's tenant (serve/tenants.py)
+    base: str | None = None  # where ``tenant``'s file is resolved from (not a TOML key)
 
 
 class VersionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -195,6 +198,8 @@ def _read(path: Path) -> Config:
         stage.base = str(base)
         stage.source = where
         _check_target(where, stage)
+    if config.admission.tenant is not None:
+        config.admission.base = str(base)
     # Key files, like stage targets, are relative to the file that names them.
     transport = config.transport
     for key in ("curve_server_key", "curve_secret"):

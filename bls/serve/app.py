@@ -61,6 +61,7 @@ from .intake import (
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
 from .routing import Route, Router
+from .tenants import tenant_function, tenant_of
 
 __all__ = ["Frontend"]
 
@@ -93,7 +94,10 @@ class Frontend:
         self.title = title
         self.limits = limits or Limits()
         # Who runs, who waits (priority, tenants), who gets 429: [admission] in bls.toml.
-        self.admission = Admission(self.limits.max_inflight, admission or AdmissionConfig())
+        admission = admission or AdmissionConfig()
+        self.admission = Admission(self.limits.max_inflight, admission)
+        # [admission] tenant: the function naming a request's tenant (else X-Tenant).
+        self._tenant_function = tenant_function(admission)
         self.metrics = Metrics(lambda: self.inflight, lambda: self.admission.queued)
         self.metrics.watch_caches(runtime.bindings)
         self.traces = TraceStore(self.limits.trace_keep)
@@ -243,7 +247,7 @@ class Frontend:
         headers = Headers(scope)
         started = time.perf_counter()
         try:
-            ticket, priority = self._enter(entry, headers)
+            ticket, priority = self._enter(scope, entry, headers)
         except HttpError as error:
             await self._refused(scope, send, entry, headers, error, started)
             return
@@ -263,7 +267,7 @@ class Frontend:
             self.admission.leave(ticket)
             self._record(scope, request)
 
-    def _enter(self, entry: Script, headers: Headers) -> tuple[Ticket, int]:
+    def _enter(self, scope: Scope, entry: Script, headers: Headers) -> tuple[Ticket, int]:
         """The request's place (:mod:`.admission`) and priority; 503 while draining, 429
         when a limit refuses it, 400 for a bad X-Priority or X-Tenant."""
         if self.draining:
@@ -272,7 +276,13 @@ class Frontend:
         if admission.simple and headers.priority is None and headers.tenant is None:
             return admission.enter(entry.name, None, 0), 0
         priority = request_priority(headers)
-        return admission.enter(entry.name, request_tenant(headers), priority), priority
+        if self._tenant_function is None:
+            tenant = request_tenant(headers)
+        elif admission.simple:  # no tenant has a limit or a turn to take: no need to ask
+            tenant = None
+        else:
+            tenant = tenant_of(self._tenant_function, scope, entry.name)
+        return admission.enter(entry.name, tenant, priority), priority
 
     async def _refused(
         self,

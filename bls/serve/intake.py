@@ -19,6 +19,7 @@ from ..priorities import MAX_PRIORITY, checked
 from ..scope import RequestScope
 from ..tracing import Span, Trace
 from .framing import HttpError, Message, Receive, Scope, sse_error
+from .tenants import valid_tenant
 
 __all__ = [
     "Headers",
@@ -224,7 +225,7 @@ def request_tenant(headers: Headers) -> str | None:
     raw = headers.tenant
     if raw is None:
         return None
-    if not (0 < len(raw) <= 128 and raw.isascii() and raw.decode().isprintable()):
+    if not (raw.isascii() and valid_tenant(raw.decode())):
         raise _bad_header("X-Tenant", "1 to 128 printable ASCII characters")
     return raw.decode()
 

@@ -186,6 +186,68 @@ def test_an_admission_limit_for_an_unknown_entry_is_refused(tmp_path: Path) -> N
     assert "[admission.tenants.a]: Expected `float` > 0.0 - at `$.rate`" in done.stderr
 
 
+TENANTS = """
+KEYS = {"sk-a": "team-a", "sk-b": "team-b"}
+
+
+def by_key(head):
+    token = head.headers.get("authorization", "").removeprefix("Bearer ")
+    if token == "sk-boom":
+        raise KeyError("no such key")
+    if token == "sk-bad":
+        return "bad\\ttenant"
+    assert head.entry == "held" and head.path == "/v1/scripts/held" and head.client
+    return KEYS.get(token)
+"""
+
+
+def test_a_tenant_function_names_the_tenant_from_the_api_key(clients: Any, tmp_path: Path) -> None:
+    (tmp_path / "tenants.py").write_text(TENANTS)
+    config = tmp_path / "bls.toml"
+    config.write_text(
+        '[admission]\ntenant = "tenants.py:by_key"\n\n[admission.tenants."*"]\nrate = 0.1\n'
+    )
+    with serving(SCRIPT, "--config", str(config)) as server:
+        http = clients(server).http
+
+        def post(key: str, **headers: str) -> httpx.Response:
+            headers["Authorization"] = f"Bearer {key}"
+            return http.post("/v1/scripts/held", json={}, headers=headers)
+
+        assert post("sk-a").status_code == 200
+        # Team a's one request of its burst is spent, whatever X-Tenant the client claims.
+        again = post("sk-a", **{"X-Tenant": "someone-else"})
+        assert again.status_code == 429, again.text
+        assert again.json()["error"]["message"] == (
+            "tenant 'team-a' is over its rate of 0.1 requests a second"
+        )
+        assert post("sk-b").status_code == 200  # another key, another tenant
+        assert post("sk-unknown").status_code == 200  # None: the tenant "default"
+        for key, why in (
+            ("sk-boom", "the tenant function by_key failed: KeyError: 'no such key'"),
+            ("sk-bad", "the tenant function by_key returned 'bad\\ttenant': a tenant is"),
+        ):
+            failed = post(key)
+            assert failed.status_code == 500
+            assert failed.json()["error"]["message"].startswith(why), failed.text
+        assert post("sk-b").status_code == 429  # still serving, still counting
+    logged = "the tenant function by_key failed on a request to 'held'"
+    assert any(logged in line for line in server.lines)
+
+
+def test_a_tenant_function_that_does_not_load_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tenants.py").write_text(TENANTS)
+    config = tmp_path / "bls.toml"
+    for target, why in (
+        ("tenants.py:by_kye", "tenants.py has no attribute 'by_kye' (did you mean 'by_key'?)"),
+        ("tenants.py:KEYS", "expected a plain (not async) function of the request's head"),
+    ):
+        config.write_text(f'[admission]\ntenant = "{target}"\n')
+        done = run_bls("check", SCRIPT, "--config", str(config))
+        assert done.returncode == 1
+        assert f"[admission] tenant = '{target}': {why}" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_priority_travels_to_a_remote_worker(backend: str) -> None:
     worker = start(["worker", f"{STAGES}:hold", "--listen", "tcp://127.0.0.1:0"])
