@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,7 +74,11 @@ async def _load(
     return out
 
 
-def _main(queue: multiprocessing.Queue[list[tuple[float, int]]], uvloop: bool, *args: Any) -> None:
+def _main(
+    queue: multiprocessing.Queue[list[tuple[float, int]]], uvloop: bool, nice: int, *args: Any
+) -> None:
+    if nice:
+        os.nice(nice)
     if uvloop:
         try:
             import uvloop as loop
@@ -87,7 +92,9 @@ def _main(queue: multiprocessing.Queue[list[tuple[float, int]]], uvloop: bool, *
 class Load:
     """``with Load(url, path, headers, connections, seconds) as load:`` ... ``load.result()``:
     (seconds, status) per request. ``body``: what each POSTs; ``warm``: seconds of one
-    connection's requests first, not measured; ``uvloop``: run on it when installed."""
+    connection's requests first, not measured; ``uvloop``: run on it when installed;
+    ``nice``: the process's niceness added (a flood that must not take the CPU from the
+    server and the client measured beside it, as clients on other machines would not)."""
 
     def __init__(
         self,
@@ -101,11 +108,12 @@ class Load:
         body: bytes = b'{"n": 1}',
         warm: float = 0.0,
         uvloop: bool = False,
+        nice: int = 0,
     ) -> None:
         self.seconds = seconds + warm
         self._queue: multiprocessing.Queue[list[tuple[float, int]]] = multiprocessing.Queue()
         args = (url, path, headers, connections, seconds, rate, body, warm)
-        self._proc = multiprocessing.Process(target=_main, args=(self._queue, uvloop, *args))
+        self._proc = multiprocessing.Process(target=_main, args=(self._queue, uvloop, nice, *args))
 
     def __enter__(self) -> Load:
         self._proc.start()

@@ -3,7 +3,7 @@ fails every call (real `bls worker` replicas), and admission under `bls serve` (
 priority class, and a quiet tenant, beside a flood at 10x capacity).
 
     python bench/policy.py [--part hedging|ejection|priority|tenants] [--calls 200]
-                           [--rounds 3] [--seconds 5]
+                           [--rounds 3] [--seconds 5] [--flood-nice N]
 
 Hedging: three replicas of a stage, one answering in 200 ms and two in 2 ms; calls one at
 a time from a bls runtime, with neither hedging nor ejection, with ejection alone (the
@@ -191,17 +191,22 @@ def serving(config: str, folder: Path) -> tuple[Any, str]:
 
 
 def measured(
-    pid: int, url: str, mine: dict[str, str], flood: dict[str, str] | None, seconds: float
-) -> tuple[float, float, float, float]:
-    """The measured class's (p50 ms, p99 ms, share answered 200) and the server's CPU µs
-    per answered request, with the flood beside it or not."""
+    pid: int,
+    url: str,
+    mine: dict[str, str],
+    flood: dict[str, str] | None,
+    seconds: float,
+    nice: int = 0,
+) -> tuple[float, float, float, float, float]:
+    """The measured class's (p50 ms, p99 ms, share answered 200), the server's CPU µs
+    per answered request, and the flood's answers a second, with the flood beside it or not."""
     cpu = cpu_seconds(pid)
     if flood is None:
         with Load(url, "/v1/scripts/one", mine, 2, seconds) as load:
             rows, other = load.result(), []
     else:
         rate = 10 * SLOTS * 1000 / STAGE_MS / FLOOD  # each connection's share of 10x
-        with Load(url, "/v1/scripts/one", flood, FLOOD, seconds + 1.0, rate) as flooding:
+        with Load(url, "/v1/scripts/one", flood, FLOOD, seconds + 1.0, rate, nice=nice) as flooding:
             time.sleep(0.5)
             with Load(url, "/v1/scripts/one", mine, 2, seconds) as load:
                 rows = load.result()
@@ -209,7 +214,8 @@ def measured(
     used = cpu_seconds(pid) - cpu
     ok = [t * 1000 for t, status in rows if status == 200]
     answered = len(rows) + len(other)
-    return pct(ok, 0.5), pct(ok, 0.99), len(ok) / len(rows), used / answered * 1e6
+    flood_rate = len(other) / (seconds + 1.0)
+    return pct(ok, 0.5), pct(ok, 0.99), len(ok) / len(rows), used / answered * 1e6, flood_rate
 
 
 def admission_part(
@@ -220,7 +226,7 @@ def admission_part(
     flood: dict[str, str],
     variants: dict[str, str],
 ) -> None:
-    results: dict[tuple[str, bool], list[tuple[float, float, float, float]]] = {}
+    results: dict[tuple[str, bool], list[tuple[float, float, float, float, float]]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for name, config in variants.items():
             proc, url = serving(config, Path(folder))
@@ -228,22 +234,26 @@ def admission_part(
             Load(url, "/v1/scripts/one", mine, 2, 0.5).__enter__().result()  # warm up
             for r in range(args.rounds):
                 for flooded in (False, True) if r % 2 == 0 else (True, False):
-                    row = measured(proc.pid, url, mine, flood if flooded else None, args.seconds)
+                    other = flood if flooded else None
+                    row = measured(proc.pid, url, mine, other, args.seconds, args.flood_nice)
                     results.setdefault((name, flooded), []).append(row)
             proc.terminate()
             proc.wait(10)
     print(
         f"\n{title}: {SLOTS} slots, stage {STAGE_MS} ms, {args.rounds} rounds of "
-        f"{args.seconds:g} s: median [min-max]\n"
+        f"{args.seconds:g} s, the flood's generator at nice {args.flood_nice}: median [min-max]\n"
     )
-    print("| admission | flood | p50 ms | p99 ms | answered 200 | server CPU µs/answer |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| admission | flood | p50 ms | p99 ms | answered 200 | server CPU µs/answer "
+        "| flood answers/s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for (name, flooded), rows in results.items():
         print(
             f"| {name} | {'yes' if flooded else 'no'} "
             f"| {spread([x[0] for x in rows], '.1f')} | {spread([x[1] for x in rows], '.1f')} "
             f"| {spread([x[2] * 100 for x in rows], '.0f')} % "
-            f"| {spread([x[3] for x in rows], '.0f')} |"
+            f"| {spread([x[3] for x in rows], '.0f')} | {spread([x[4] for x in rows], '.0f')} |"
         )
     for name in variants:
         alone = statistics.median(x[1] for x in results[(name, False)])
@@ -290,6 +300,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--flood-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the flood's load generator at this niceness (10: it takes no CPU the "
+        "server or the measured client want, as a flood from other machines would not)",
+    )
     args = parser.parse_args()
     procs: list[Any] = []
     try:
