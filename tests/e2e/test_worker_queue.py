@@ -1,9 +1,11 @@
 """`bls worker --max-running`: a real worker holding more calls than it runs starts the
 waiting ones highest priority first, displaces the lowest when full, and answers a
-waiting call its caller cancels at once. Observed through its /metrics and its answers."""
+waiting call its caller cancels, or a drain cuts, at once. Observed through its /metrics
+and its answers."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Proc]:
     inflight = getattr(request, "param", 8)
     proc = start(
         ["worker", f"{STAGE}:ordered", "--listen", "tcp://127.0.0.1:0", "--max-running", "1",
-         "--max-inflight", str(inflight), "--metrics-port", "0"],
+         "--max-inflight", str(inflight), "--metrics-port", "0", "--grace", "0.5"],
         env=bls_env(),
     )  # fmt: skip
     try:
@@ -147,3 +149,25 @@ def test_max_running_above_max_inflight_is_refused() -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "--max-running 9 is more than --max-inflight 4" in result.stderr
+
+
+@pytest.mark.anyio
+async def test_a_drain_that_runs_out_of_grace_answers_waiting_calls_too(
+    worker: Proc, tmp_path: Path
+) -> None:
+    url = metrics_url(worker)
+    out: dict[int, Any] = {}
+    never = tmp_path / "never"  # not made: the first call holds the lane until it is cut
+    async with bls.Runtime({"ordered": binding_for("ordered", worker.address)}) as rt:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_call, rt, Job(n=0, hold=str(never)), 0, out)
+            await anyio.to_thread.run_sync(
+                lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls", "ordered") == 1)
+            )
+            tg.start_soon(_call, rt, Job(n=1), 3, out)
+            await _queued(url, 1)
+            worker.signal(signal.SIGTERM)  # --grace 0.5 (the fixture): then both are cut
+    for n in (0, 1):
+        assert isinstance(out[n], StageError) and out[n].kind == "shutdown", out[n]
+    assert "before the call started" in str(out[1])
+    assert worker.wait() == 0
