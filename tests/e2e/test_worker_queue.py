@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 import bls
@@ -59,6 +60,17 @@ async def _call(rt: bls.Runtime, job: Job, priority: int, out: dict[int, Any]) -
         out[job.n] = err
 
 
+async def _hold(
+    tg: anyio.abc.TaskGroup, rt: bls.Runtime, url: str, gate: Path, out: dict[int, Any]
+) -> None:
+    """Start call 0, which holds the worker's one lane until ``gate`` exists, and wait
+    until it runs."""
+    tg.start_soon(_call, rt, Job(n=0, hold=str(gate)), 0, out)
+    await anyio.to_thread.run_sync(
+        lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls", "ordered") == 1)
+    )
+
+
 @pytest.mark.anyio
 async def test_waiting_calls_start_highest_priority_first(worker: Proc, tmp_path: Path) -> None:
     url = metrics_url(worker)
@@ -67,10 +79,7 @@ async def test_waiting_calls_start_highest_priority_first(worker: Proc, tmp_path
     out: dict[int, Any] = {}
     async with bls.Runtime({"ordered": binding_for("ordered", worker.address)}) as rt:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_call, rt, Job(n=0, hold=str(gate)), 0, out)  # holds the one lane
-            await anyio.to_thread.run_sync(
-                lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls", "ordered") == 1)
-            )
+            await _hold(tg, rt, url, gate, out)
             for n, priority in [(1, -5), (2, 0), (3, 7), (4, 0)]:
                 tg.start_soon(_call, rt, Job(n=n), priority, out)
                 await _queued(url, n)  # each arrives after the last
@@ -90,10 +99,7 @@ async def test_a_full_worker_displaces_the_lowest_waiting_call(
     out: dict[int, Any] = {}
     async with bls.Runtime({"ordered": binding_for("ordered", worker.address)}) as rt:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_call, rt, Job(n=0, hold=str(gate)), 0, out)
-            await anyio.to_thread.run_sync(
-                lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls", "ordered") == 1)
-            )
+            await _hold(tg, rt, url, gate, out)
             tg.start_soon(_call, rt, Job(n=1), -1, out)
             await _queued(url, 1)
             tg.start_soon(_call, rt, Job(n=2), -1, out)
@@ -120,10 +126,7 @@ async def test_a_waiting_call_cancelled_by_its_caller_is_answered_at_once(
     out: dict[int, Any] = {}
     async with bls.Runtime({"ordered": binding_for("ordered", worker.address)}) as rt:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_call, rt, Job(n=0, hold=str(gate)), 0, out)
-            await anyio.to_thread.run_sync(
-                lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls", "ordered") == 1)
-            )
+            await _hold(tg, rt, url, gate, out)
             async with anyio.create_task_group() as inner:
                 inner.start_soon(_call, rt, Job(n=1), 0, out)
                 await _queued(url, 1)
@@ -160,10 +163,7 @@ async def test_a_drain_that_runs_out_of_grace_answers_waiting_calls_too(
     never = tmp_path / "never"  # not made: the first call holds the lane until it is cut
     async with bls.Runtime({"ordered": binding_for("ordered", worker.address)}) as rt:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_call, rt, Job(n=0, hold=str(never)), 0, out)
-            await anyio.to_thread.run_sync(
-                lambda: wait_for(lambda: sample(url, "bls_worker_inflight_calls", "ordered") == 1)
-            )
+            await _hold(tg, rt, url, never, out)
             tg.start_soon(_call, rt, Job(n=1), 3, out)
             await _queued(url, 1)
             worker.signal(signal.SIGTERM)  # --grace 0.5 (the fixture): then both are cut
