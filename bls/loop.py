@@ -10,9 +10,12 @@ at the price a hot path can pay:
   every request in flight and moves most of them before they fire; a loop timer each (as
   anyio's own deadlines use) costs more than the rest of a small request, so they share
   one loop timer in 1 ms buckets (:class:`Timers`). On trio, the scope's own deadline.
-- :meth:`Backend.watch`: a task beside a request that nothing waits for (the disconnect
-  watcher), started late on asyncio (most requests end first) and as a system task on
-  trio.
+- :meth:`Backend.delays`: keys that come due a fixed delay after they were added (a
+  request's body that is too slow, a request that has run long enough to need its
+  disconnect watcher). One delay for all makes the order they were added the order they
+  come due: a dict and one loop timer, no timer and no closure per request.
+- :meth:`Backend.spawn`: a task beside a request that nothing waits for (the disconnect
+  watcher): a bare task on asyncio, a system task on trio.
 - :meth:`Backend.fd_reader`: the reader of a ZeroMQ socket's edge-triggered FD.
 
 :func:`backend` returns the :class:`Backend` of the running event loop. A process has one
@@ -27,16 +30,22 @@ import contextvars
 import heapq
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
 import sniffio
 
-__all__ = ["Backend", "FdReader", "Timers", "Waiter", "backend"]
+__all__ = ["Backend", "Delays", "FdReader", "Timers", "Waiter", "backend"]
 
 log = logging.getLogger("bls")
+
+K = TypeVar("K", bound=Hashable)
+K_in = TypeVar("K_in", bound=Hashable, contravariant=True)
+
+# How late a due key may be handed over (its loop timer is armed no more often).
+_DELAY_STEP = 0.001
 
 
 class Waiter(Protocol):
@@ -72,6 +81,17 @@ class FdReader(Protocol):
         """Whether a drain is already on its way (no edge needed for it)."""
 
 
+class Delays(Protocol[K_in]):
+    """Keys that come due ``delay`` seconds after they were added: ``fire(key)`` runs for
+    each key still there then (up to a millisecond late, never early), in the order they
+    were added. A key is either waiting or not: adding it again restarts its delay."""
+
+    def add(self, key: K_in) -> None: ...
+
+    def discard(self, key: K_in) -> None:
+        """Forget ``key`` (nothing if it is not waiting)."""
+
+
 class Backend(Protocol):
     """What bls needs of an event loop beyond anyio."""
 
@@ -96,9 +116,12 @@ class Backend(Protocol):
     def now(self) -> float:
         """The loop's clock (the ``when`` of :meth:`deadline`)."""
 
-    def watch(self, fn: Callable[[], Awaitable[None]], after: float) -> Callable[[], None]:
-        """Run ``fn()`` beside the caller, from ``after`` seconds on, in no task group (it
-        must not raise); returns what stops it (before it started: it never starts)."""
+    def delays(self, delay: float, fire: Callable[[K], object]) -> Delays[K]:
+        """A new :class:`Delays` calling ``fire`` (which must not raise) on this loop."""
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], object]:
+        """Run ``fn()`` beside the caller in no task group (it must not raise); returns
+        what stops it."""
 
     def fd_reader(self, fd: int, drain: Callable[[], None]) -> FdReader: ...
 
@@ -183,6 +206,89 @@ class Timers:
             self._arm(keys[0])
 
 
+class _Due(Generic[K]):
+    """What both backends' :class:`Delays` share: the waiting keys, in the order they
+    come due, and handing over those that are."""
+
+    __slots__ = ("_delay", "_due", "_fire")
+
+    def __init__(self, delay: float, fire: Callable[[K], object]) -> None:
+        self._delay = delay
+        self._fire = fire
+        self._due: dict[K, float] = {}  # key -> when, in the order added: the order due
+
+    def discard(self, key: K) -> None:
+        self._due.pop(key, None)
+
+    def _fire_due(self, now: float) -> float | None:
+        """Hand over the keys due by ``now``; when the next one is due (None: none)."""
+        due = self._due
+        while due:
+            key = next(iter(due))
+            when = due[key]
+            if when > now:
+                return when
+            del due[key]
+            try:
+                self._fire(key)
+            except Exception:  # one key's bug must not stop the others
+                log.exception("a delayed callback failed")
+        return None
+
+
+class _AsyncioDelays(_Due[K]):
+    """:class:`Delays` on one loop timer, armed for the first key due and at most once a
+    millisecond (keys that leave before they are due leave no timer behind)."""
+
+    __slots__ = ("_handle", "_loop")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, delay: float, fire: Callable[[K], object]
+    ) -> None:
+        super().__init__(delay, fire)
+        self._loop = loop
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, key: K) -> None:
+        self._due.pop(key, None)  # added again: due later, so last in order
+        when = self._due[key] = self._loop.time() + self._delay
+        if self._handle is None:
+            self._handle = self._loop.call_at(when, self._run)
+
+    def _run(self) -> None:
+        self._handle = None
+        now = self._loop.time()
+        when = self._fire_due(now)
+        if when is not None:
+            self._handle = self._loop.call_at(max(when, now + _DELAY_STEP), self._run)
+
+
+class _TrioDelays(_Due[K]):
+    """:class:`Delays` on a system task that runs while keys wait."""
+
+    __slots__ = ("_running",)
+
+    def __init__(self, delay: float, fire: Callable[[K], object]) -> None:
+        super().__init__(delay, fire)
+        self._running = False
+
+    def add(self, key: K) -> None:
+        import trio
+
+        self._due.pop(key, None)  # added again: due later, so last in order
+        self._due[key] = trio.current_time() + self._delay
+        if not self._running:
+            self._running = True
+            trio.lowlevel.spawn_system_task(self._run)
+
+    async def _run(self) -> None:
+        try:
+            while (when := self._fire_due(now := anyio.current_time())) is not None:
+                await anyio.sleep_until(max(when, now + _DELAY_STEP))
+        finally:
+            self._running = False
+
+
 class _Future:
     """A :class:`Waiter` on an asyncio future."""
 
@@ -232,23 +338,13 @@ class _Asyncio:
     def now(self) -> float:
         return self.loop.time()
 
-    def watch(self, fn: Callable[[], Awaitable[None]], after: float) -> Callable[[], None]:
+    def delays(self, delay: float, fire: Callable[[K], object]) -> Delays[K]:
+        return _AsyncioDelays(self.loop, delay, fire)
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], object]:
         # A bare task: one per request in a task group costs more than the rest of a small
         # request, and the watcher needs none of a group's guarantees.
-        loop, timers = self.loop, self.timers
-        started: list[asyncio.Task[None]] = []
-
-        def start() -> None:
-            started.append(loop.create_task(fn()))  # type: ignore[arg-type]
-
-        key = timers.add(loop.time() + after, start)
-
-        def stop() -> None:
-            timers.remove(key, start)
-            if started:
-                started[0].cancel()
-
-        return stop
+        return self.loop.create_task(fn()).cancel  # type: ignore[arg-type]
 
     def fd_reader(self, fd: int, drain: Callable[[], None]) -> FdReader:
         return _AsyncioReader(self.loop, fd, drain)
@@ -319,17 +415,19 @@ class _Trio:
     def now(self) -> float:
         return anyio.current_time()
 
-    def watch(self, fn: Callable[[], Awaitable[None]], after: float) -> Callable[[], None]:
+    def delays(self, delay: float, fire: Callable[[K], object]) -> Delays[K]:
+        return _TrioDelays(delay, fire)
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], object]:
         import trio
 
         stopper = trio.CancelScope()
 
-        async def watcher() -> None:
+        async def task() -> None:
             with stopper:
-                await trio.sleep(after)
                 await fn()
 
-        trio.lowlevel.spawn_system_task(watcher)
+        trio.lowlevel.spawn_system_task(task)
         return stopper.cancel
 
     def fd_reader(self, fd: int, drain: Callable[[], None]) -> FdReader:

@@ -150,10 +150,10 @@ class RequestScope:
 
     :meth:`expire_at` (absolute, epoch seconds, as a frame carries it) or
     :meth:`expire_after` (relative; None: none) set its deadline, before entering or
-    inside, as often as the request needs (the body's deadline, then the request's): on
-    asyncio the deadline rides the loop's shared timers (:mod:`bls.loop`), on trio the
-    scope's own. :meth:`cancel` ends it early, from any task of its loop; whoever cancels
-    knows why, and :attr:`expired` tells a deadline from a cancel.
+    inside, as often as the caller needs: on asyncio the deadline rides the loop's shared
+    timers (:mod:`bls.loop`), on trio the scope's own. :meth:`cancel` ends it early, from
+    any task of its loop; whoever cancels knows why, and :attr:`expired` tells a deadline
+    from a cancel.
 
     Inside, the request's :class:`CallContext` is current: that deadline (or ``carried``,
     a caller's earlier one that the caller's own scopes enforce), ``trace``, ``span`` and
@@ -169,7 +169,6 @@ class RequestScope:
         "_cancel_called",
         "_carried",
         "_exited",
-        "_limit",
         "_scope",
         "_token",
         "_when",
@@ -195,7 +194,6 @@ class RequestScope:
         self._backend = loop or backend()  # a server that knows its loop passes it
         self._scope = self._backend.cancel_scope(shield=shield)
         self._when = math.inf  # the deadline in loop time
-        self._limit = math.inf  # a sooner one of the scope's own (limit()), in loop time
         self._armed: Any = None  # what Backend.deadline armed
         self._token: contextvars.Token[CallContext] | None = None
         self._exited = self._cancel_called = False
@@ -223,23 +221,13 @@ class RequestScope:
         self._when = self._backend.now() + seconds if finite else math.inf  # type: ignore[operator]
         self._arm(self._armed)
 
-    def limit(self, seconds: float | None) -> None:
-        """A sooner deadline for the scope alone, which stage calls do not carry (the
-        time a request's body may take to arrive); None lifts it."""
-        if self._exited:
-            return
-        finite = seconds is not None and math.isfinite(seconds)
-        self._limit = self._backend.now() + seconds if finite else math.inf  # type: ignore[operator]
-        self._arm(self._armed)
-
     def _arm(self, armed: Any) -> None:
-        when = min(self._when, self._limit)
-        self._armed = self._backend.deadline(self._scope, when, armed, self._on_deadline)
+        self._armed = self._backend.deadline(self._scope, self._when, armed, self._on_deadline)
 
     def _on_deadline(self) -> None:
         """The shared timers' call (asyncio): the deadline, or one it moved later from."""
         self._armed = None
-        if self._backend.now() < min(self._when, self._limit):
+        if self._backend.now() < self._when:
             self._arm(None)
         else:
             self._scope.cancel()

@@ -1,6 +1,7 @@
 """The backend seam (bls/loop.py), on asyncio and trio: a waiter wakes its one task, a
-deadline armed through the seam ends a scope and one removed does not, a watcher runs
-late and stops, and the shared timers fire in order, never early."""
+deadline armed through the seam ends a scope and one removed does not, a spawned task
+stops when told, delays hand keys over in order and never early, and the shared timers
+fire in order, never early."""
 
 from __future__ import annotations
 
@@ -64,10 +65,11 @@ async def test_a_deadline_moved_later_fires_no_earlier_than_the_new_one() -> Non
     assert backend.now() >= wanted and (not fired or fired[0] >= wanted)
 
 
-async def test_a_watcher_starts_late_and_stops_when_told() -> None:
+async def test_a_spawned_task_runs_beside_the_caller_and_stops_when_told() -> None:
     backend = loop.backend()
     ran: list[str] = []
     started = anyio.Event()
+    stopped = anyio.Event()
 
     async def watcher() -> None:
         ran.append("started")
@@ -76,17 +78,69 @@ async def test_a_watcher_starts_late_and_stops_when_told() -> None:
             await anyio.sleep_forever()
         finally:
             ran.append("stopped")
+            stopped.set()
 
-    stop = backend.watch(watcher, after=0.01)
+    stop = backend.spawn(watcher)
     with anyio.fail_after(5):
         await started.wait()
     stop()
-    await anyio.sleep(0.01)
+    with anyio.fail_after(5):
+        await stopped.wait()
     assert ran == ["started", "stopped"]
-    never = backend.watch(watcher, after=10)
-    never()  # stopped before it started: it never starts
-    await anyio.sleep(0.01)
-    assert ran == ["started", "stopped"]
+
+
+async def test_delays_hand_keys_over_in_order_never_early_and_not_once_discarded() -> None:
+    backend = loop.backend()
+    fired: list[tuple[str, float]] = []
+    last = anyio.Event()
+
+    def fire(key: str) -> None:
+        fired.append((key, backend.now()))
+        if key == "d":
+            last.set()
+
+    delays = backend.delays(0.03, fire)
+    added = {}
+    for key in "abcd":
+        added[key] = backend.now()
+        delays.add(key)
+        await anyio.sleep(0.005)
+    delays.discard("b")
+    delays.add("a")  # added again: its delay starts again, after the others'
+    added["a"] = backend.now()
+    delays.discard("never added")
+    with anyio.fail_after(5):
+        await last.wait()
+    await anyio.sleep(0.05)  # a discarded key would have come due by now
+    assert [key for key, _ in fired] == ["c", "d", "a"]
+    assert all(when >= added[key] + 0.03 for key, when in fired)
+
+
+async def test_delays_keep_handing_over_after_a_callback_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = loop.backend()
+    fired: list[str] = []
+    done = anyio.Event()
+
+    def fire(key: str) -> None:
+        if key == "bad":
+            raise RuntimeError("a bug")
+        fired.append(key)
+        done.set()
+
+    delays = backend.delays(0.01, fire)
+    delays.add("bad")
+    delays.add("good")
+    with anyio.fail_after(5):
+        await done.wait()
+    assert fired == ["good"]
+    assert "a delayed callback failed" in caplog.text
+    done = anyio.Event()
+    delays.add("again")  # and the next key after a quiet spell too
+    with anyio.fail_after(5):
+        await done.wait()
+    assert fired == ["good", "again"]
 
 
 def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:

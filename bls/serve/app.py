@@ -45,6 +45,7 @@ from .admission import Admission, Ticket
 from .answers import answer_chat, answer_entry
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
 from .intake import (
+    Clocks,
     Disconnected,
     Headers,
     Limits,
@@ -56,7 +57,6 @@ from .intake import (
     request_priority,
     request_tenant,
     request_timeout,
-    watch_disconnect,
 )
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
@@ -113,6 +113,7 @@ class Frontend:
             self.models = list(dict.fromkeys([served, *model_aliases]))
         self._openapi: bytes | None = None
         self._loop: Backend | None = None  # the event loop's (bls.loop), at the first request
+        self._clocks: Clocks | None = None  # the body's and the watcher's, made with it
         self.routes = [
             Route("/v1/scripts/", ["POST"], self._script, prefix=True),
             Route("/v1/chat/completions", ["POST"], self._chat),
@@ -251,7 +252,7 @@ class Frontend:
         except HttpError as error:
             await self._refused(scope, send, entry, headers, error, started)
             return
-        request = self._admit(scope, entry, headers, started)
+        request = self._admit(scope, receive, entry, headers, started)
         if priority:
             request.scope.ctx = request.scope.ctx.at_priority(priority)
         try:
@@ -312,16 +313,19 @@ class Frontend:
             "%s %s %s %d %.1fms", rid, scope["method"], scope["path"], status, elapsed * 1000
         )
 
-    def _admit(self, scope: Scope, entry: Script, headers: Headers, started: float) -> Request:
+    def _admit(
+        self, scope: Scope, receive: Receive, entry: Script, headers: Headers, started: float
+    ) -> Request:
         """The request's id, trace and scope; it counts as in flight from here."""
         rid = request_id(headers.request_id).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
         loop = self._loop
         if loop is None:  # the first request: the loop it runs on serves them all
             loop = self._loop = backend()
+            self._clocks = Clocks(loop, self.limits.body_timeout)
         root = trace.open(entry.name, 0, "script", entry.streaming)
         recorder = Recorder(self.records.script) if self.records is not None else None
-        request = Request(rid, entry.name, trace, root, loop, headers, started, recorder)
+        request = Request(rid, entry.name, trace, root, loop, headers, started, receive, recorder)
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -337,45 +341,44 @@ class Frontend:
         ticket: Ticket,
     ) -> None:
         """Wait for a slot if the request queued, read the body, decode it, run the
-        entry: under one cancel scope whose deadline is first the body's own, shorter one
-        (a client that trickles its body holds its admission slot no longer), then the
-        request's, which every remote call carries; a disconnect and the end of a drain
-        cancel it too. Time spent waiting counts against the request's deadline."""
+        entry: under one cancel scope with the request's deadline, which every remote call
+        carries (time spent waiting counts against it); a body slower than the server's
+        bound, a disconnect and the end of a drain cancel it too (:class:`.intake.Clocks`)."""
         timeout = request_timeout(request.headers, self.limits.request_timeout)
-        body_timeout = self.limits.body_timeout
-        if body_timeout is None or (timeout is not None and timeout < body_timeout):
-            body_timeout = timeout
-        request.scope.limit(body_timeout)  # the sooner first: the timer stays armed once
-        request.scope.expire_after(timeout)
-        stop_watching = None
+        clocks = self._clocks
+        assert clocks is not None  # (made with the first request)
+        body_timeout = clocks.body_timeout
+        timed = body_timeout is not None and (timeout is None or timeout >= body_timeout)
+        if timeout is not None:
+            request.scope.expire_after(timeout)
         try:
             async with request.scope:
                 if not ticket.granted:
-                    await self._queued(request, ticket, body_timeout)
+                    await self._queued(request, ticket)
+                if timed:  # (else the request's own deadline comes first)
+                    clocks.bodies.add(request)
                 body = await read_body(request, receive, self.limits.max_body_bytes)
                 request.reading = False
-                request.scope.limit(None)  # from here the request's own deadline
+                clocks.bodies.discard(request)
                 try:
                     req = entry.decode(body)
                 except InvalidRequest as exc:
                     raise invalid(exc) from None
-                stop_watching = watch_disconnect(receive, request, request.scope.loop)
+                clocks.unwatched.add(request)
                 await run(scope, send, entry, req, request)
         finally:
-            if stop_watching is not None:
-                stop_watching()
+            clocks.done(request)
         if request.disconnected:
             raise Disconnected
         if request.scope.cancelled_caught:
-            raise self._cut_short(request, body_timeout, timeout)
+            raise self._cut_short(request, body_timeout if timed else timeout, timeout)
 
-    async def _queued(self, request: Request, ticket: Ticket, body_timeout: float | None) -> None:
-        """Wait for a slot: the body's time starts once it has one."""
-        request.scope.limit(None)
-        request.reading = False  # (its deadline passing while it waits is a 504)
+    async def _queued(self, request: Request, ticket: Ticket) -> None:
+        """Wait for a slot: the body's time starts once it has one (its deadline passing
+        while it waits is a 504, not a 408)."""
+        request.reading = False
         await ticket.wait()
         request.reading = True
-        request.scope.limit(body_timeout)
 
     def _cut_short(
         self, request: Request, body_timeout: float | None, timeout: float | None

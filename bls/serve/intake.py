@@ -9,12 +9,13 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
 
 from ..errors import InvalidRequest
-from ..loop import Backend
+from ..loop import Backend, Delays
 from ..priorities import MAX_PRIORITY, checked
 from ..scope import RequestScope
 from ..tracing import Span, Trace
@@ -22,6 +23,7 @@ from .framing import HttpError, Message, Receive, Scope, sse_error
 from .tenants import valid_tenant
 
 __all__ = [
+    "Clocks",
     "Headers",
     "Limits",
     "Request",
@@ -70,11 +72,13 @@ class Request:
         "headers",
         "id",
         "reading",
+        "receive",
         "root",
         "scope",
         "shutdown",
         "started",
         "status",
+        "stop_watching",
         "streamed",
         "trace",
     )
@@ -88,9 +92,11 @@ class Request:
         loop: Backend,
         headers: Headers,
         started: float,
+        receive: Receive,
         record: Any = None,
     ) -> None:
         self.id = request_id
+        self.receive = receive  # the server's: the body, then a disconnect
         self.headers = headers
         self.entry = entry
         self.started = started  # time.perf_counter() when it arrived
@@ -106,13 +112,14 @@ class Request:
         self.streamed = False
         # How an error is framed once a stream has started (SSE by default).
         self.error_frame: Callable[[HttpError], bytes] = sse_error
+        self.stop_watching: Callable[[], object] | None = None  # its disconnect watcher's
 
 
 class Disconnected(Exception):
     """The client went away before its request body arrived."""
 
 
-async def _watch(receive: Receive, request: Request) -> None:
+async def _watch(request: Request) -> None:
     """Cancel the request when its client goes away (the body has been read already).
 
     Servers also report a disconnect once the response is complete; that one is not the
@@ -120,7 +127,7 @@ async def _watch(receive: Receive, request: Request) -> None:
     """
     try:
         while True:
-            message = await receive()
+            message = await request.receive()
             if message["type"] == "http.disconnect":
                 if not request.finishing:
                     request.disconnected = True
@@ -130,14 +137,41 @@ async def _watch(receive: Receive, request: Request) -> None:
         log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
 
 
-def watch_disconnect(receive: Receive, request: Request, loop: Backend) -> Callable[[], object]:
-    """Start :func:`_watch` beside the request; returns what stops it.
+class Clocks:
+    """The two timings every request's handling needs, on the loop its requests run on:
 
-    It starts only once the request has run for ``_WATCH_AFTER`` seconds (a request that
-    ends sooner has nothing left to cancel), in no task group (it never raises, and is
-    always stopped before the request's handler returns): :meth:`bls.loop.Backend.watch`.
+    - ``bodies``: a request's body must arrive within ``body_timeout`` s of its start (of
+      its slot, when it queued); past it the request's scope is cancelled, and answered
+      408 since it is still reading.
+    - ``unwatched``: once a request has run ``_WATCH_AFTER`` s, a task starts watching for
+      its client's disconnect (:func:`_watch`); a request that ends sooner has nothing
+      left to cancel, and most do.
+
+    Both are one fixed delay for all requests (:meth:`bls.loop.Backend.delays`): no timer
+    and no task per request. A request is taken out of each when it no longer needs it.
     """
-    return loop.watch(lambda: _watch(receive, request), _WATCH_AFTER)
+
+    __slots__ = ("bodies", "body_timeout", "unwatched")
+
+    def __init__(self, loop: Backend, body_timeout: float | None) -> None:
+        self.body_timeout = body_timeout  # None: no bound of its own
+        self.bodies: Delays[Request] = loop.delays(body_timeout or 0.0, _body_too_slow)
+        self.unwatched: Delays[Request] = loop.delays(_WATCH_AFTER, _start_watching)
+
+    def done(self, request: Request) -> None:
+        """The request's handling is over: stop its watcher, forget it."""
+        self.unwatched.discard(request)
+        self.bodies.discard(request)
+        if request.stop_watching is not None:
+            request.stop_watching()
+
+
+def _body_too_slow(request: Request) -> None:
+    request.scope.cancel()
+
+
+def _start_watching(request: Request) -> None:
+    request.stop_watching = request.scope.loop.spawn(partial(_watch, request))
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
