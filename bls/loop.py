@@ -10,12 +10,10 @@ at the price a hot path can pay:
   every request in flight and moves most of them before they fire; a loop timer each (as
   anyio's own deadlines use) costs more than the rest of a small request, so they share
   one loop timer in 1 ms buckets (:class:`Timers`). On trio, the scope's own deadline.
-- :meth:`Backend.delays`: keys that come due a fixed delay after they were added (a
-  request's body that is too slow, a request that has run long enough to need its
-  disconnect watcher). One delay for all makes the order they were added the order they
-  come due: a dict and one loop timer, no timer and no closure per request.
-- :meth:`Backend.spawn`: a task beside a request that nothing waits for (the disconnect
-  watcher): a bare task on asyncio, a system task on trio.
+- :meth:`Backend.delays`: keys due a fixed delay after they were added (a body too slow,
+  a request that now needs its disconnect watcher): the order added is the order due, so
+  a dict and one loop timer serve them all.
+- :meth:`Backend.spawn`: a task in no group (the disconnect watcher).
 - :meth:`Backend.fd_reader`: the reader of a ZeroMQ socket's edge-triggered FD.
 
 :func:`backend` returns the :class:`Backend` of the running event loop. A process has one
@@ -103,15 +101,17 @@ class Backend(Protocol):
         cost on a request's path)."""
 
     def waiter(self) -> Waiter: ...
+    def fd_reader(self, fd: int, drain: Callable[[], None]) -> FdReader: ...
 
     def deadline(
         self, scope: anyio.CancelScope, when: float, armed: Any, fire: Callable[[], object]
     ) -> Any:
         """Make loop time ``when`` (inf: none) the deadline of ``scope``; ``armed`` is what
         the last call returned (None at first). Either the scope's own deadline is set, or
-        ``fire()`` will be called, never before ``when`` but possibly at an earlier
-        deadline still armed: ``fire`` compares the time with the deadline it wants and
-        cancels the scope, or calls this again. Returns what to pass as ``armed`` next."""
+        ``fire()`` will be called by ``when`` (up to a millisecond late), possibly sooner (at
+        an earlier deadline still armed, or up to a second early for a distant one):
+        ``fire`` compares the time with the deadline it wants and cancels the scope, or
+        calls this again. Returns what to pass as ``armed`` next."""
 
     def now(self) -> float:
         """The loop's clock (the ``when`` of :meth:`deadline`)."""
@@ -122,8 +122,6 @@ class Backend(Protocol):
     def spawn(self, fn: Callable[[], Awaitable[None]]) -> Callable[[], object]:
         """Run ``fn()`` beside the caller in no task group (it must not raise); returns
         what stops it."""
-
-    def fd_reader(self, fd: int, drain: Callable[[], None]) -> FdReader: ...
 
 
 def backend() -> Backend:
@@ -149,9 +147,7 @@ class Timers:
     """Many callbacks at given loop times on one loop timer (asyncio).
 
     Callbacks share 1 ms buckets, and the loop timer is armed for the earliest bucket
-    only: adding and removing are a dict and a set operation. A callback runs up to 1 ms
-    after its time, never before.
-    """
+    only: adding and removing are a dict and a set operation. Never early."""
 
     __slots__ = ("_armed", "_buckets", "_handle", "_keys", "_loop")
 
@@ -162,13 +158,8 @@ class Timers:
         self._armed = 0  # the key the loop timer is armed for; 0: none
         self._handle: asyncio.TimerHandle | None = None
 
-    def add(self, when: float, fn: Callable[[], object]) -> int:
-        """Call ``fn`` once at loop time ``when`` (finite); returns the key :meth:`remove`
-        takes."""
-        return self.add_key(math.ceil(when * 1000), fn)
-
     def add_key(self, key: int, fn: Callable[[], object]) -> int:
-        """:meth:`add` for the bucket ``key`` (the millisecond of loop time, rounded up)."""
+        """Call ``fn`` once at loop time ``key`` ms; returns what :meth:`remove` takes."""
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = set()
@@ -207,18 +198,26 @@ class Timers:
 
 
 class _Due(Generic[K]):
-    """What both backends' :class:`Delays` share: the waiting keys, in the order they
-    come due, and handing over those that are."""
+    """Both backends' :class:`Delays`: a backend's ``_started(when)`` sees to a hand-over
+    at ``when`` when none is on its way."""
 
-    __slots__ = ("_delay", "_due", "_fire")
+    __slots__ = ("_clock", "_delay", "_due", "_fire")
 
-    def __init__(self, delay: float, fire: Callable[[K], object]) -> None:
+    def __init__(self, clock: Callable[[], float], delay: float, fire: Callable[[K], object]):
+        self._clock = clock
         self._delay = delay
         self._fire = fire
         self._due: dict[K, float] = {}  # key -> when, in the order added: the order due
 
+    def add(self, key: K) -> None:
+        self._due.pop(key, None)  # added again: due later, so last in order
+        when = self._due[key] = self._clock() + self._delay
+        self._started(when)
+
     def discard(self, key: K) -> None:
         self._due.pop(key, None)
+
+    def _started(self, when: float) -> None: ...
 
     def _fire_due(self, now: float) -> float | None:
         """Hand over the keys due by ``now``; when the next one is due (None: none)."""
@@ -237,21 +236,18 @@ class _Due(Generic[K]):
 
 
 class _AsyncioDelays(_Due[K]):
-    """:class:`Delays` on one loop timer, armed for the first key due and at most once a
-    millisecond (keys that leave before they are due leave no timer behind)."""
+    """One loop timer, armed for the first key due and at most once a millisecond."""
 
     __slots__ = ("_handle", "_loop")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, delay: float, fire: Callable[[K], object]
     ) -> None:
-        super().__init__(delay, fire)
+        super().__init__(loop.time, delay, fire)
         self._loop = loop
         self._handle: asyncio.TimerHandle | None = None
 
-    def add(self, key: K) -> None:
-        self._due.pop(key, None)  # added again: due later, so last in order
-        when = self._due[key] = self._loop.time() + self._delay
+    def _started(self, when: float) -> None:
         if self._handle is None:
             self._handle = self._loop.call_at(when, self._run)
 
@@ -269,22 +265,24 @@ class _TrioDelays(_Due[K]):
     __slots__ = ("_running",)
 
     def __init__(self, delay: float, fire: Callable[[K], object]) -> None:
-        super().__init__(delay, fire)
+        super().__init__(anyio.current_time, delay, fire)
         self._running = False
 
-    def add(self, key: K) -> None:
+    def _started(self, when: float) -> None:
         import trio
 
-        self._due.pop(key, None)  # added again: due later, so last in order
-        self._due[key] = trio.current_time() + self._delay
         if not self._running:
             self._running = True
             trio.lowlevel.spawn_system_task(self._run)
 
     async def _run(self) -> None:
         try:
-            while (when := self._fire_due(now := anyio.current_time())) is not None:
+            now = anyio.current_time()
+            when = self._fire_due(now)
+            while when is not None:  # (keys wait until due: no event to wait for instead)
                 await anyio.sleep_until(max(when, now + _DELAY_STEP))
+                now = anyio.current_time()
+                when = self._fire_due(now)
         finally:
             self._running = False
 
@@ -321,14 +319,19 @@ class _Asyncio:
     def deadline(
         self, scope: anyio.CancelScope, when: float, armed: Any, fire: Callable[[], object]
     ) -> int | None:
-        # A deadline moved later keeps the timer armed (fire() checks again then): most
-        # move later (the body's deadline, then the request's) and few ever fire.
+        # A deadline moved later keeps the timer armed (fire() checks again then), and one
+        # more than a second away is filed under its whole second, early (fire() arms it
+        # again then, to the millisecond): a server holds a deadline minutes away for each
+        # request, and a bucket per millisecond until then would be 1,000 sets a second.
         timers = self.timers
         if when == math.inf:
             if armed is not None:
                 timers.remove(armed, fire)
             return None
-        key = math.ceil(when * 1000)
+        if when - self.loop.time() > 1.0:
+            key = math.floor(when) * 1000
+        else:
+            key = math.ceil(when * 1000)
         if armed is not None:
             if armed <= key:
                 return int(armed)

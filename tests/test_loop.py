@@ -44,6 +44,26 @@ async def test_a_deadline_through_the_seam_ends_its_scope_and_a_removed_one_does
     assert not kept.cancelled_caught
 
 
+async def test_a_distant_deadline_ends_its_scope_on_time_not_early() -> None:
+    backend = loop.backend()
+    ended: list[float] = []
+    with anyio.CancelScope() as scope:
+        wanted = backend.now() + 1.2  # filed under its whole second first (asyncio)
+
+        def fire() -> None:  # as RequestScope does: check, then cancel or arm again
+            if backend.now() < wanted:
+                backend.deadline(scope, wanted, None, fire)
+            else:
+                ended.append(backend.now())
+                scope.cancel()
+
+        backend.deadline(scope, wanted, None, fire)
+        await anyio.sleep(5)
+    assert scope.cancelled_caught
+    ended_at = ended[0] if ended else backend.now()  # (trio: the scope's own deadline)
+    assert wanted <= ended_at < wanted + 0.5
+
+
 async def test_a_deadline_moved_later_fires_no_earlier_than_the_new_one() -> None:
     backend = loop.backend()
     fired: list[float] = []
@@ -159,11 +179,14 @@ def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:
 
             return fn
 
+        def ms(seconds: float) -> int:  # the bucket of loop time start + seconds
+            return math.ceil((start + seconds) * 1000)
+
         late, early, gone = at("late"), at("early"), at("gone")
-        wheel.add(start + 0.03, late)
-        wheel.add(start + 0.01, early)  # sooner than what the loop timer is armed for
-        key = wheel.add(start + 0.02, gone)
-        wheel.add(start + 0.05, at("last"))
+        wheel.add_key(ms(0.03), late)
+        wheel.add_key(ms(0.01), early)  # sooner than what the loop timer is armed for
+        key = wheel.add_key(ms(0.02), gone)
+        wheel.add_key(ms(0.05), at("last"))
         wheel.remove(key, gone)
         await asyncio.wait_for(done.wait(), 5)
         assert [name for name, _ in fired] == ["early", "late", "last"]
