@@ -13,6 +13,7 @@ import msgspec
 from .errors import InvalidRequest, StageError
 from .messages import (
     Signature,
+    always_within_limits,
     beyond_limits,
     convert,
     field_hint,
@@ -48,6 +49,8 @@ class Script:
         self.signature: Signature = signature_of(fn)
         self.streaming = self.signature.streaming  # an async generator: items, not one result
         self._none_ok = _accepts_none(self.signature.response)
+        # A request type that cannot hold a value beyond the limits is not checked each time.
+        self._check_limits = not always_within_limits(self.signature.request)
         functools.update_wrapper(self, fn)
 
     def __call__(self, req: Any) -> Any:
@@ -82,7 +85,7 @@ class Script:
             raise InvalidRequest(self.name, err.message + hint, err.path) from None
         except RecursionError:
             raise InvalidRequest(self.name, "the request is nested too deeply") from None
-        problem = beyond_limits(req)
+        problem = beyond_limits(req) if self._check_limits else None
         if problem is not None:
             raise InvalidRequest(self.name, *problem)
         return req

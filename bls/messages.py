@@ -27,6 +27,7 @@ __all__ = [
     "MAX_DEPTH",
     "Message",
     "Signature",
+    "always_within_limits",
     "beyond_limits",
     "compatible",
     "convert",
@@ -128,6 +129,44 @@ def beyond_limits(value: Any) -> tuple[str, str] | None:
 
 
 _SCALARS = frozenset({str, bytes, float, bool})
+
+
+def always_within_limits(tp: Any) -> bool:
+    """Whether every value msgspec decodes as ``tp`` is within :func:`beyond_limits`'s
+    limits, so that a request of that type need not be checked: no integer that may be
+    out of range, nothing untyped, no type that holds itself."""
+    try:
+        info = msgspec.inspect.type_info(tp)
+    except (TypeError, ValueError):
+        return False
+    return _bounded(info, 0, set())
+
+
+def _bounded(t: msgspec.inspect.Type, depth: int, seen: set[type]) -> bool:
+    mi = msgspec.inspect
+    if depth >= MAX_DEPTH:
+        return False
+    if isinstance(t, (mi.StrType, mi.FloatType, mi.BoolType, mi.BytesType, mi.NoneType)):
+        return True
+    if isinstance(t, mi.IntType):
+        low = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else None)
+        high = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else None)
+        return low is not None and high is not None and _INT_MIN <= low and high <= _INT_MAX
+    inner: list[msgspec.inspect.Type]
+    if isinstance(t, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        inner = [t.item_type]
+    elif isinstance(t, mi.TupleType):
+        inner = list(t.item_types)
+    elif isinstance(t, mi.DictType):
+        inner = [t.key_type, t.value_type]
+    elif isinstance(t, mi.UnionType):
+        return all(_bounded(x, depth, seen) for x in t.types)
+    elif isinstance(t, mi.StructType) and t.cls not in seen:
+        seen.add(t.cls)
+        inner = [f.type for f in t.fields]
+    else:  # Any, Raw, a struct that holds itself, the rarer types: checked each time
+        return False
+    return all(_bounded(x, depth + 1, seen) for x in inner)
 
 
 def _within(v: Any, depth: int) -> bool:

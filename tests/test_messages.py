@@ -4,13 +4,19 @@ every request stays within."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
 
 import bls
-from bls.messages import beyond_limits, compatible, convert, signature_of
+from bls.messages import (
+    always_within_limits,
+    beyond_limits,
+    compatible,
+    convert,
+    signature_of,
+)
 
 
 class Point(bls.Message):
@@ -70,3 +76,31 @@ def test_limits_name_the_field_that_breaks_them() -> None:
         deep = [deep]
     problem = beyond_limits({"v": deep})
     assert problem is not None and problem[0] == "nested deeper than 100 levels"
+
+
+class Bounded(bls.Message):
+    n: Annotated[int, msgspec.Meta(ge=0, le=100)]
+    scores: list[float] = []
+    tags: dict[str, list[str]] = {}
+    other: Other | None = None
+
+
+class Tree(bls.Message):
+    children: list[Tree] = []
+
+
+def test_a_request_type_that_cannot_break_the_limits_is_not_checked_each_time() -> None:
+    assert always_within_limits(Other) and always_within_limits(Bounded)
+    assert always_within_limits(list[Other])
+    # An unbounded integer, something untyped, a type that holds itself: checked.
+    assert not always_within_limits(Point)
+    assert not always_within_limits(Any) and not always_within_limits(dict)
+    assert not always_within_limits(Tree)
+
+    async def takes_point(req: Point) -> Point:
+        return req
+
+    entry = bls.script(takes_point)
+    with pytest.raises(bls.InvalidRequest, match="64-bit") as refused:
+        entry.decode(b'{"x": 18446744073709551616}')
+    assert refused.value.path == "$.x"
