@@ -148,12 +148,12 @@ class RequestScope:
     ``shield=True``, deaf to the cancels of the scopes around it. ``bls.timeout``, task
     groups and shields inside it nest with it as anyio scopes do.
 
-    :meth:`expire_at` (absolute, epoch seconds, as a frame carries it) or
-    :meth:`expire_after` (relative; None: none) set its deadline, before entering or
-    inside, as often as the caller needs: on asyncio the deadline rides the loop's shared
-    timers (:mod:`bls.loop`), on trio the scope's own. :meth:`cancel` ends it early, from
-    any task of its loop; whoever cancels knows why, and :attr:`expired` tells a deadline
-    from a cancel.
+    ``timeout`` (seconds from now, as it is made), :meth:`expire_at` (absolute, epoch
+    seconds, as a frame carries it) or :meth:`expire_after` (relative; None: none) set
+    its deadline, before entering or inside, as often as the caller needs: on asyncio
+    the deadline rides the loop's shared timers (:mod:`bls.loop`), on trio the scope's
+    own. :meth:`cancel` ends it early, from any task of its loop; whoever cancels knows
+    why, and :attr:`expired` tells a deadline from a cancel.
 
     Inside, the request's :class:`CallContext` is current: that deadline (or ``carried``,
     a caller's earlier one that the caller's own scopes enforce), ``trace``, ``span`` and
@@ -187,16 +187,22 @@ class RequestScope:
         loop: Backend | None = None,
         record: Any = None,
         priority: int = 0,
+        timeout: float | None = None,
     ) -> None:
         self.id = request_id
         self._carried = carried
-        self.ctx = CallContext(carried, trace, span, OpenStreams(), record, priority)
         self._backend = loop or backend()  # a server that knows its loop passes it
         self._scope = self._backend.cancel_scope(shield=shield)
         self._when = math.inf  # the deadline in loop time
         self._armed: Any = None  # what Backend.deadline armed
         self._token: contextvars.Token[CallContext] | None = None
         self._exited = self._cancel_called = False
+        deadline = carried
+        if timeout is not None and math.isfinite(timeout):  # (expire_after(), made at once)
+            deadline = min(carried, time.time() + timeout)
+            self._when = self._backend.now() + timeout
+            self._arm(None)
+        self.ctx = CallContext(deadline, trace, span, OpenStreams(), record, priority)
 
     def expire_at(self, wall: float) -> None:
         """Set the deadline to ``wall`` (epoch seconds; inf: none)."""

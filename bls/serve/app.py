@@ -248,13 +248,12 @@ class Frontend:
         headers = Headers(scope)
         started = time.perf_counter()
         try:
+            timeout = request_timeout(headers, self.limits.request_timeout)
             ticket, priority = self._enter(scope, entry, headers)
         except HttpError as error:
             await self._refused(scope, send, entry, headers, error, started)
             return
-        request = self._admit(scope, receive, entry, headers, started)
-        if priority:
-            request.scope.ctx = request.scope.ctx.at_priority(priority)
+        request = self._admit(scope, receive, entry, headers, started, timeout, priority)
         try:
             await self._read_and_run(scope, receive, send, entry, run, request, ticket)
             request.trace.close(request.root, "ok")
@@ -314,9 +313,17 @@ class Frontend:
         )
 
     def _admit(
-        self, scope: Scope, receive: Receive, entry: Script, headers: Headers, started: float
+        self,
+        scope: Scope,
+        receive: Receive,
+        entry: Script,
+        headers: Headers,
+        started: float,
+        timeout: float | None,
+        priority: int,
     ) -> Request:
-        """The request's id, trace and scope; it counts as in flight from here."""
+        """The request's id, trace and scope (its deadline ``timeout`` s away, its calls
+        at ``priority``); it counts as in flight from here."""
         rid = request_id(headers.request_id).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
         loop = self._loop
@@ -325,7 +332,19 @@ class Frontend:
             self._clocks = Clocks(loop, self.limits.body_timeout)
         root = trace.open(entry.name, 0, "script", entry.streaming)
         recorder = Recorder(self.records.script) if self.records is not None else None
-        request = Request(rid, entry.name, trace, root, loop, headers, started, receive, recorder)
+        request = Request(
+            rid,
+            entry.name,
+            trace,
+            root,
+            loop,
+            headers,
+            started,
+            receive,
+            recorder,
+            timeout,
+            priority,
+        )
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -344,13 +363,11 @@ class Frontend:
         entry: under one cancel scope with the request's deadline, which every remote call
         carries (time spent waiting counts against it); a body slower than the server's
         bound, a disconnect and the end of a drain cancel it too (:class:`.intake.Clocks`)."""
-        timeout = request_timeout(request.headers, self.limits.request_timeout)
+        timeout = request.timeout
         clocks = self._clocks
         assert clocks is not None  # (made with the first request)
         body_timeout = clocks.body_timeout
         timed = body_timeout is not None and (timeout is None or timeout >= body_timeout)
-        if timeout is not None:
-            request.scope.expire_after(timeout)
         try:
             async with request.scope:
                 if not ticket.granted:
@@ -374,8 +391,7 @@ class Frontend:
             raise self._cut_short(request, body_timeout if timed else timeout, timeout)
 
     async def _queued(self, request: Request, ticket: Ticket) -> None:
-        """Wait for a slot: the body's time starts once it has one (its deadline passing
-        while it waits is a 504, not a 408)."""
+        """Wait for a slot (its deadline passing meanwhile is a 504, not a 408)."""
         request.reading = False
         await ticket.wait()
         request.reading = True

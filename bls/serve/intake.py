@@ -80,6 +80,7 @@ class Request:
         "status",
         "stop_watching",
         "streamed",
+        "timeout",
         "trace",
     )
 
@@ -94,16 +95,27 @@ class Request:
         started: float,
         receive: Receive,
         record: Any = None,
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> None:
         self.id = request_id
         self.receive = receive  # the server's: the body, then a disconnect
+        self.timeout = timeout  # seconds from its start to its deadline (None: none)
         self.headers = headers
         self.entry = entry
         self.started = started  # time.perf_counter() when it arrived
         self.trace = trace
         self.root = root  # the request's own span
         # The request's deadline, disconnect and drain.
-        self.scope = RequestScope(request_id, trace=trace, span=root, loop=loop, record=record)
+        self.scope = RequestScope(
+            request_id,
+            trace=trace,
+            span=root,
+            loop=loop,
+            record=record,
+            timeout=timeout,
+            priority=priority,
+        )
         self.reading = True  # its body has not all arrived yet
         self.disconnected = False
         self.shutdown = False
