@@ -255,7 +255,7 @@ class Frontend:
             return
         request = self._admit(scope, receive, entry, headers, started, timeout, priority)
         try:
-            await self._read_and_run(scope, receive, send, entry, run, request, ticket)
+            await self._read_and_run(scope, send, entry, run, request, ticket)
             request.trace.close(request.root, "ok")
         except Disconnected:
             self._dropped(request)
@@ -352,7 +352,6 @@ class Frontend:
     async def _read_and_run(
         self,
         scope: Scope,
-        receive: Receive,
         send: Send,
         entry: Script,
         run: Run,
@@ -374,7 +373,7 @@ class Frontend:
                     await self._queued(request, ticket)
                 if timed:  # (else the request's own deadline comes first)
                     clocks.bodies.add(request)
-                body = await read_body(request, receive, self.limits.max_body_bytes)
+                body = await read_body(request, self.limits.max_body_bytes)
                 request.reading = False
                 clocks.bodies.discard(request)
                 try:

@@ -193,7 +193,7 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(request: Request, receive: Receive, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The whole body: 413 past ``limit`` bytes (before reading when Content-Length says
     so), :class:`Disconnected` when the client leaves first. How long it may take is the
     request scope's business."""
@@ -202,13 +202,13 @@ async def read_body(request: Request, receive: Receive, limit: int) -> bytes:
         raise HttpError(
             413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
         )
-    message = await receive()
+    message = await request.receive()
     if not message.get("more_body", False) and message["type"] == "http.request":
         body: bytes = message.get("body", b"")  # all in one message, as it mostly comes
         if len(body) > limit:
             raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
         return body
-    return await _rest_of_body(message, receive, limit)
+    return await _rest_of_body(message, request.receive, limit)
 
 
 async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes:
