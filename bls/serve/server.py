@@ -1,11 +1,12 @@
 """``bls serve``: the frontend on an HTTP server, with start-up, readiness and drain.
 
 Two established ASGI servers, chosen by event loop: Uvicorn (with httptools, the faster
-one) on asyncio, Hypercorn on trio. Either way the runtime is entered first (remote
-stages connected and type-checked), then the server starts, then ``ready URL`` is
-printed. SIGTERM or SIGINT starts a drain: ``/ready`` turns 503, new requests get 503,
-in-flight ones get ``grace`` seconds to finish before they are cancelled (and answered
-503), then the server stops and the process exits 0.
+one; its connection's keep-alive timer in :mod:`.protocol`) on asyncio, Hypercorn on
+trio. Either way the runtime is entered first (remote stages connected and type-checked),
+then the server starts, then ``ready URL`` is printed. SIGTERM or SIGINT starts a drain:
+``/ready`` turns 503, new requests get 503, in-flight ones get ``grace`` seconds to
+finish before they are cancelled (and answered 503), then the server stops and the
+process exits 0.
 """
 
 from __future__ import annotations
@@ -62,19 +63,26 @@ async def _uvicorn(
 ) -> None:
     import uvicorn
 
+    from .protocol import connection_class
+
     class Server(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             yield  # bls handles SIGTERM/SIGINT itself (drain first, then stop)
 
+    keep_alive = 30
     config = uvicorn.Config(
         frontend,
         lifespan="off",
         access_log=False,
         log_config=None,
-        http="httptools",
+        http=connection_class(keep_alive),  # httptools, tuned (.protocol)
+        # The frontend reads neither X-Forwarded-* nor a banner: no middleware per request
+        # for them (Hypercorn, on trio, reads none either).
+        proxy_headers=False,
+        server_header=False,
         timeout_graceful_shutdown=5,
-        timeout_keep_alive=30,
+        timeout_keep_alive=keep_alive,
     )
     server = Server(config)
 
