@@ -36,7 +36,7 @@ from ..config import AdmissionConfig
 from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
 from ..lifecycle import Drain
-from ..loop import Backend, backend
+from ..loop import backend
 from ..recording import Recorder, RecordWriter
 from ..runtime import Runtime
 from ..tracing import Trace, TraceStore, outcome_of
@@ -112,8 +112,8 @@ class Frontend:
             served = self.chat_entry.model or self.chat_entry.name
             self.models = list(dict.fromkeys([served, *model_aliases]))
         self._openapi: bytes | None = None
-        self._loop: Backend | None = None  # the event loop's (bls.loop), at the first request
-        self._clocks: Clocks | None = None  # the body's and the watcher's, made with it
+        # The requests' timings, on the event loop (bls.loop) of the first request.
+        self._clocks: Clocks | None = None
         self.routes = [
             Route("/v1/scripts/", ["POST"], self._script, prefix=True),
             Route("/v1/chat/completions", ["POST"], self._chat),
@@ -221,10 +221,8 @@ class Frontend:
     async def _script(self, scope: Scope, receive: Receive, send: Send, name: str) -> None:
         entry = self.entries.get(name)
         if entry is None:
-            known = ", ".join(self.entries)
-            await _refuse(
-                scope, send, HttpError(404, "not_found", f"no entry {name!r} (entries: {known})")
-            )
+            why = f"no entry {name!r} (entries: {', '.join(self.entries)})"
+            await _refuse(scope, send, HttpError(404, "not_found", why))
             return
         await self._accept(scope, receive, send, entry, self._answer_entry)
 
@@ -270,7 +268,7 @@ class Frontend:
     def _enter(self, scope: Scope, entry: Script, headers: Headers) -> tuple[Ticket, int]:
         """The request's place (:mod:`.admission`) and priority; 503 while draining, 429
         when a limit refuses it, 400 for a bad X-Priority or X-Tenant."""
-        if self.draining:
+        if self._drain.draining:
             raise HttpError(503, "draining", "the server is shutting down")
         admission = self.admission
         if admission.simple and headers.priority is None and headers.tenant is None:
@@ -326,10 +324,10 @@ class Frontend:
         at ``priority``); it counts as in flight from here."""
         rid = request_id(headers.request_id).decode()
         trace = Trace(rid, entry.name, self.metrics.span)
-        loop = self._loop
-        if loop is None:  # the first request: the loop it runs on serves them all
-            loop = self._loop = backend()
-            self._clocks = Clocks(loop, self.limits.body_timeout)
+        clocks = self._clocks
+        if clocks is None:  # the first request: the loop it runs on serves them all
+            clocks = self._clocks = Clocks(backend(), self.limits)
+        clocked = timeout is not None and timeout == clocks.deadline
         root = trace.open(entry.name, 0, "script", entry.streaming)
         recorder = Recorder(self.records.script) if self.records is not None else None
         request = Request(
@@ -337,14 +335,17 @@ class Frontend:
             entry.name,
             trace,
             root,
-            loop,
+            clocks.loop,
             headers,
             started,
             receive,
             recorder,
             timeout,
             priority,
+            clocked,
         )
+        if clocked:
+            clocks.deadlines.add(request)
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -362,15 +363,17 @@ class Frontend:
         entry: under one cancel scope with the request's deadline, which every remote call
         carries (time spent waiting counts against it); a body slower than the server's
         bound, a disconnect and the end of a drain cancel it too (:class:`.intake.Clocks`)."""
-        timeout = request.timeout
-        clocks = self._clocks
+        timeout, clocks = request.timeout, self._clocks
         assert clocks is not None  # (made with the first request)
         body_timeout = clocks.body_timeout
         timed = body_timeout is not None and (timeout is None or timeout >= body_timeout)
+        ran = False  # whether the entry ran to its end (else the scope's cancel ended it)
         try:
             async with request.scope:
-                if not ticket.granted:
-                    await self._queued(request, ticket)
+                if not ticket.granted:  # wait for a slot (a deadline then is a 504, not 408)
+                    request.reading = False
+                    await ticket.wait()
+                    request.reading = True
                 if timed:  # (else the request's own deadline comes first)
                     clocks.bodies.add(request)
                 body = await read_body(request, self.limits.max_body_bytes)
@@ -382,18 +385,13 @@ class Frontend:
                     raise invalid(exc) from None
                 clocks.unwatched.add(request)
                 await run(scope, send, entry, req, request)
+                ran = True
         finally:
             clocks.done(request)
         if request.disconnected:
             raise Disconnected
-        if request.scope.cancelled_caught:
+        if not ran:
             raise self._cut_short(request, body_timeout if timed else timeout, timeout)
-
-    async def _queued(self, request: Request, ticket: Ticket) -> None:
-        """Wait for a slot (its deadline passing meanwhile is a 504, not a 408)."""
-        request.reading = False
-        await ticket.wait()
-        request.reading = True
 
     def _cut_short(
         self, request: Request, body_timeout: float | None, timeout: float | None

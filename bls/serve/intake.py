@@ -8,6 +8,7 @@ import itertools
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -97,6 +98,7 @@ class Request:
         record: Any = None,
         timeout: float | None = None,
         priority: int = 0,
+        clocked: bool = False,
     ) -> None:
         self.id = request_id
         self.receive = receive  # the server's: the body, then a disconnect
@@ -106,14 +108,17 @@ class Request:
         self.started = started  # time.perf_counter() when it arrived
         self.trace = trace
         self.root = root  # the request's own span
-        # The request's deadline, disconnect and drain.
+        # The request's deadline, disconnect and drain. A ``clocked`` deadline is kept by
+        # :attr:`Clocks.deadlines` (which cancels the scope): the scope only carries it.
+        carried = time.time() + timeout if clocked and timeout is not None else math.inf
         self.scope = RequestScope(
             request_id,
             trace=trace,
             span=root,
             loop=loop,
             record=record,
-            timeout=timeout,
+            carried=carried,
+            timeout=None if clocked else timeout,
             priority=priority,
         )
         self.reading = True  # its body has not all arrived yet
@@ -150,8 +155,11 @@ async def _watch(request: Request) -> None:
 
 
 class Clocks:
-    """The two timings every request's handling needs, on the loop its requests run on:
+    """The timings every request's handling needs, on the loop its requests run on:
 
+    - ``deadlines``: most requests have the server's own deadline (``request_timeout``,
+      no ``X-Request-Timeout``); past it their scope is cancelled. (A request with a
+      deadline of its own has it in its scope.)
     - ``bodies``: a request's body must arrive within ``body_timeout`` s of its start (of
       its slot, when it queued); past it the request's scope is cancelled, and answered
       408 since it is still reading.
@@ -159,27 +167,31 @@ class Clocks:
       its client's disconnect (:func:`_watch`); a request that ends sooner has nothing
       left to cancel, and most do.
 
-    Both are one fixed delay for all requests (:meth:`bls.loop.Backend.delays`): no timer
+    Each is one fixed delay for all requests (:meth:`bls.loop.Backend.delays`): no timer
     and no task per request. A request is taken out of each when it no longer needs it.
     """
 
-    __slots__ = ("bodies", "body_timeout", "unwatched")
+    __slots__ = ("bodies", "body_timeout", "deadline", "deadlines", "loop", "unwatched")
 
-    def __init__(self, loop: Backend, body_timeout: float | None) -> None:
-        self.body_timeout = body_timeout  # None: no bound of its own
-        self.bodies: Delays[Request] = loop.delays(body_timeout or 0.0, _body_too_slow)
+    def __init__(self, loop: Backend, limits: Limits) -> None:
+        self.loop = loop
+        self.body_timeout = limits.body_timeout  # None: no bound of its own
+        self.deadline = limits.request_timeout  # the server's deadline; None: none
+        self.bodies: Delays[Request] = loop.delays(self.body_timeout or 0.0, _cancel)
+        self.deadlines: Delays[Request] = loop.delays(self.deadline or 0.0, _cancel)
         self.unwatched: Delays[Request] = loop.delays(_WATCH_AFTER, _start_watching)
 
     def done(self, request: Request) -> None:
         """The request's handling is over: stop its watcher, forget it."""
         self.unwatched.discard(request)
         self.bodies.discard(request)
+        self.deadlines.discard(request)
         if request.stop_watching is not None:
             request.stop_watching()
 
 
-def _body_too_slow(request: Request) -> None:
-    request.scope.cancel()
+def _cancel(request: Request) -> None:
+    request.scope.cancel()  # (the handling tells a body too slow from a deadline)
 
 
 def _start_watching(request: Request) -> None:
