@@ -116,9 +116,9 @@ _context: contextvars.ContextVar[CallContext] = contextvars.ContextVar(
 )
 
 
-def current() -> CallContext:
-    """The context stage calls made here carry."""
-    return _context.get()
+# The context stage calls made here carry: ``current()`` (the variable's own ``get``, with
+# no Python call around it: each stage call asks).
+current: Callable[[], CallContext] = _context.get
 
 
 def enter(ctx: CallContext) -> contextvars.Token[CallContext]:
@@ -310,11 +310,12 @@ async def traced_call(
 ) -> Any:
     """``call(ctx)`` (a binding's invoke) inside a span of its own: the binding is handed
     the span, and stage calls made meanwhile (an inline script's) become its children."""
-    assert ctx.trace is not None
     trace = ctx.trace
-    span = trace.open(name, ctx.parent, description)
-    inner = ctx.under(span)
-    token = _context.set(inner)  # (what _inside does, written out: this is per call)
+    assert trace is not None
+    # (ctx.parent, ctx.under(span) and what _inside does, written out: this is per call)
+    span = trace.open(name, 0 if ctx.span is None else ctx.span.id, description)
+    inner = CallContext(ctx.deadline, trace, span, ctx.streams, ctx.record, ctx.priority)
+    token = _context.set(inner)
     try:
         result = await call(inner)
     except BaseException as exc:
