@@ -344,8 +344,7 @@ class Frontend:
             priority,
             clocked,
         )
-        if clocked:
-            clocks.deadlines.add(request)
+        clocks.start(request)
         self.inflight += 1
         self._requests.add(request)
         return request
@@ -366,24 +365,23 @@ class Frontend:
         timeout, clocks = request.timeout, self._clocks
         assert clocks is not None  # (made with the first request)
         body_timeout = clocks.body_timeout
-        timed = body_timeout is not None and (timeout is None or timeout >= body_timeout)
+        # (A deadline before the body's bound comes first.)
+        timed = request.timed = body_timeout is not None and (
+            timeout is None or timeout >= body_timeout
+        )
         ran = False  # whether the entry ran to its end (else the scope's cancel ended it)
         try:
             async with request.scope:
-                if not ticket.granted:  # wait for a slot (a deadline then is a 504, not 408)
-                    request.reading = False
+                if not ticket.granted:
+                    clocks.queue(request)
                     await ticket.wait()
-                    request.reading = True
-                if timed:  # (else the request's own deadline comes first)
-                    clocks.bodies.add(request)
+                    clocks.granted(request)
                 body = await read_body(request, self.limits.max_body_bytes)
-                request.reading = False
-                clocks.bodies.discard(request)
+                clocks.read(request)
                 try:
                     req = entry.decode(body)
                 except InvalidRequest as exc:
                     raise invalid(exc) from None
-                clocks.unwatched.add(request)
                 await run(scope, send, entry, req, request)
                 ran = True
         finally:

@@ -37,8 +37,9 @@ __all__ = [
 
 log = logging.getLogger("bls.http")
 
-# How long a request runs before a task starts watching for its client's disconnect.
-_WATCH_AFTER = 0.002
+# How long a request runs before the clocks beyond its first moments see it (its
+# disconnect watcher, its deadline, its body's bound): most requests end sooner.
+_YOUNG = 0.002
 
 # Request ids: random per process, then a counter (os.urandom per request costs more).
 _ID_PREFIX = os.urandom(4).hex().encode()
@@ -66,12 +67,15 @@ class Request:
     trace, and what its handling and its disconnect watcher learn of it."""
 
     __slots__ = (
+        "clocked",
         "disconnected",
         "entry",
         "error_frame",
         "finishing",
+        "grown",
         "headers",
         "id",
+        "queued",
         "reading",
         "receive",
         "root",
@@ -81,6 +85,7 @@ class Request:
         "status",
         "stop_watching",
         "streamed",
+        "timed",
         "timeout",
         "trace",
     )
@@ -122,6 +127,12 @@ class Request:
             priority=priority,
         )
         self.reading = True  # its body has not all arrived yet
+        self.queued = False  # it waits for a slot
+        # Its clocks (:class:`Clocks`): whether it has run past its first moments, whether
+        # its deadline and its body's bound are on the shared clocks.
+        self.grown = False
+        self.clocked = clocked
+        self.timed = False
         self.disconnected = False
         self.shutdown = False
         self.finishing = False  # the last body message is being sent
@@ -155,39 +166,84 @@ async def _watch(request: Request) -> None:
 
 
 class Clocks:
-    """The timings every request's handling needs, on the loop its requests run on:
+    """The timings every request's handling needs, on the loop its requests run on, each
+    one fixed delay for all requests (:meth:`bls.loop.Backend.delays`): no timer and no
+    task per request.
 
-    - ``deadlines``: most requests have the server's own deadline (``request_timeout``,
-      no ``X-Request-Timeout``); past it their scope is cancelled. (A request with a
-      deadline of its own has it in its scope.)
-    - ``bodies``: a request's body must arrive within ``body_timeout`` s of its start (of
-      its slot, when it queued); past it the request's scope is cancelled, and answered
-      408 since it is still reading.
-    - ``unwatched``: once a request has run ``_WATCH_AFTER`` s, a task starts watching for
-      its client's disconnect (:func:`_watch`); a request that ends sooner has nothing
-      left to cancel, and most do.
+    A request spends its first ``_YOUNG`` s in ``young`` only; most end by then. One
+    still running has grown (:meth:`_grown`) and meets the rest:
 
-    Each is one fixed delay for all requests (:meth:`bls.loop.Backend.delays`): no timer
-    and no task per request. A request is taken out of each when it no longer needs it.
+    - ``deadlines``: the server's own deadline (``request_timeout``; one the client sent
+      in ``X-Request-Timeout`` is its scope's own); past it the scope is cancelled.
+    - ``bodies``: the body must arrive within ``body_timeout`` s of the request's start
+      (of its slot, when it queued); past it the scope is cancelled, and answered 408
+      since it is still reading.
+    - once its body is in, a task watching for its client's disconnect (:func:`_watch`).
+
+    The two bounds count from the request's start (a slot's): their delays are short by
+    ``_YOUNG``, so they are met within a few milliseconds, never early.
     """
 
-    __slots__ = ("bodies", "body_timeout", "deadline", "deadlines", "loop", "unwatched")
+    __slots__ = ("bodies", "body_timeout", "deadline", "deadlines", "loop", "young")
 
     def __init__(self, loop: Backend, limits: Limits) -> None:
         self.loop = loop
         self.body_timeout = limits.body_timeout  # None: no bound of its own
         self.deadline = limits.request_timeout  # the server's deadline; None: none
-        self.bodies: Delays[Request] = loop.delays(self.body_timeout or 0.0, _cancel)
-        self.deadlines: Delays[Request] = loop.delays(self.deadline or 0.0, _cancel)
-        self.unwatched: Delays[Request] = loop.delays(_WATCH_AFTER, _start_watching)
+        self.young: Delays[Request] = loop.delays(_YOUNG, self._grown)
+        self.bodies: Delays[Request] = loop.delays(_after_young(self.body_timeout), _cancel)
+        self.deadlines: Delays[Request] = loop.delays(_after_young(self.deadline), _cancel)
+
+    def start(self, request: Request) -> None:
+        """The request has started (been admitted)."""
+        self.young.add(request)
+
+    def queue(self, request: Request) -> None:
+        """It waits for a slot (a deadline passing meanwhile is a 504, not a 408)."""
+        request.queued = True
+        request.reading = False
+
+    def granted(self, request: Request) -> None:
+        """It has its slot: its body is read from now."""
+        request.queued = False
+        request.reading = True
+        if request.grown:
+            self.young.add(request)  # (the body's bound counts from now)
+
+    def read(self, request: Request) -> None:
+        """Its body is in: no bound any more; its disconnect is watched from now on (or
+        once it grows)."""
+        request.reading = False
+        if request.grown:
+            self.bodies.discard(request)
+            if request.stop_watching is None:
+                _start_watching(request)
 
     def done(self, request: Request) -> None:
-        """The request's handling is over: stop its watcher, forget it."""
-        self.unwatched.discard(request)
-        self.bodies.discard(request)
-        self.deadlines.discard(request)
-        if request.stop_watching is not None:
-            request.stop_watching()
+        """Its handling is over: stop its watcher, forget it."""
+        self.young.discard(request)
+        if request.grown:
+            self.bodies.discard(request)
+            self.deadlines.discard(request)
+            if request.stop_watching is not None:
+                request.stop_watching()
+
+    def _grown(self, request: Request) -> None:
+        if not request.grown:
+            request.grown = True
+            if request.clocked:
+                self.deadlines.add(request)
+        if request.queued:
+            return  # (its body's bound starts with its slot)
+        if request.reading:
+            if request.timed:
+                self.bodies.add(request)
+        elif request.stop_watching is None:
+            _start_watching(request)
+
+
+def _after_young(seconds: float | None) -> float:
+    return max((seconds or 0.0) - _YOUNG, 0.0)
 
 
 def _cancel(request: Request) -> None:
