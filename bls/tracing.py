@@ -124,10 +124,12 @@ class TraceStore:
     def add(self, trace: Trace) -> None:
         if self.keep <= 0:
             return
-        self._traces[trace.id] = trace
-        self._traces.move_to_end(trace.id)
-        while len(self._traces) > self.keep:
-            self._traces.popitem(last=False)
+        traces = self._traces
+        if trace.id in traces:  # (a client's id, again): the newest now
+            del traces[trace.id]
+        traces[trace.id] = trace
+        if len(traces) > self.keep:
+            traces.popitem(last=False)
 
     def get(self, trace_id: str) -> Trace | None:
         return self._traces.get(trace_id)

@@ -55,6 +55,9 @@ def test_the_store_keeps_the_most_recent_traces() -> None:
         store.add(Trace(f"r{i}", "e"))
     assert store.get("r0") is None and store.get("r2") is not None
     assert [t.id for t in store.recent()] == ["r2", "r1"]
+    again = Trace("r1", "e")  # a client that sends the same X-Request-Id again
+    store.add(again)
+    assert [t.id for t in store.recent()] == ["r1", "r2"] and store.get("r1") is again
 
 
 async def test_a_stream_left_by_break_still_ends_its_span() -> None:

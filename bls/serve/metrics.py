@@ -58,7 +58,7 @@ class Metrics:
     def __init__(
         self, inflight: Callable[[], int] = lambda: 0, queued: Callable[[], int] = lambda: 0
     ) -> None:
-        self.requests: dict[tuple[str, str], int] = {}
+        self.requests: dict[tuple[str, int], int] = {}  # (entry, status): count
         self.latency: dict[str, _Histogram] = {}
         self.stage_calls: dict[str, int] = {}
         self.stage_errors: dict[tuple[str, str], int] = {}
@@ -73,7 +73,7 @@ class Metrics:
         self.registry.register(self)
 
     def request(self, entry: str, status: int, seconds: float) -> None:
-        key = (entry, str(status))
+        key = (entry, status)
         self.requests[key] = self.requests.get(key, 0) + 1
         hist = self.latency.get(entry)
         if hist is None:
@@ -124,8 +124,8 @@ class Metrics:
             "HTTP requests to script entries, by entry and status code",
             labels=["entry", "status"],
         )
-        for labels, n in self.requests.items():
-            requests.add_metric(list(labels), n)
+        for (entry, status), n in self.requests.items():
+            requests.add_metric([entry, str(status)], n)
         yield requests
         yield _histograms(
             "bls_request_duration_seconds",
