@@ -362,13 +362,8 @@ class Frontend:
         entry: under one cancel scope with the request's deadline, which every remote call
         carries (time spent waiting counts against it); a body slower than the server's
         bound, a disconnect and the end of a drain cancel it too (:class:`.intake.Clocks`)."""
-        timeout, clocks = request.timeout, self._clocks
+        clocks = self._clocks
         assert clocks is not None  # (made with the first request)
-        body_timeout = clocks.body_timeout
-        # (A deadline before the body's bound comes first.)
-        timed = request.timed = body_timeout is not None and (
-            timeout is None or timeout >= body_timeout
-        )
         ran = False  # whether the entry ran to its end (else the scope's cancel ended it)
         try:
             async with request.scope:
@@ -389,12 +384,14 @@ class Frontend:
         if request.disconnected:
             raise Disconnected
         if not ran:
-            raise self._cut_short(request, body_timeout if timed else timeout, timeout)
+            raise self._cut_short(request, clocks.body_timeout)
 
-    def _cut_short(
-        self, request: Request, body_timeout: float | None, timeout: float | None
-    ) -> Exception:
-        """Why the request's scope ended it: a drain, a body too slow, its deadline."""
+    def _cut_short(self, request: Request, body_timeout: float | None) -> Exception:
+        """Why the request's scope ended it: a drain, a body too slow (bounded by the
+        server's ``body_timeout``, or by its deadline when that comes first), its deadline."""
+        timeout = request.timeout
+        if not request.timed:
+            body_timeout = timeout
         if request.shutdown:
             self.metrics.cancelled("shutdown")
             return HttpError(503, "draining", "the server shut down before the request ended")

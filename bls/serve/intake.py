@@ -195,7 +195,10 @@ class Clocks:
         self.deadlines: Delays[Request] = loop.delays(_after_young(self.deadline), _cancel)
 
     def start(self, request: Request) -> None:
-        """The request has started (been admitted)."""
+        """The request has started (been admitted). Its body is bounded by its deadline
+        alone when that comes first."""
+        bound, timeout = self.body_timeout, request.timeout
+        request.timed = bound is not None and (timeout is None or timeout >= bound)
         self.young.add(request)
 
     def queue(self, request: Request) -> None:
