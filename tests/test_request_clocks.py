@@ -45,8 +45,9 @@ async def nap(req: Nap) -> Nap:
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
-def _body(req: Nap) -> Receive:
-    """A client that sends ``req`` at once, then stays."""
+def _client(req: Nap, leaves: anyio.Event | None = None) -> Receive:
+    """A client that sends ``req`` at once, then stays (or goes away once ``leaves`` is
+    set)."""
     sent = False
 
     async def receive() -> dict[str, Any]:
@@ -54,8 +55,11 @@ def _body(req: Nap) -> Receive:
         if not sent:
             sent = True
             return {"type": "http.request", "body": msgspec.json.encode(req)}
-        await anyio.sleep_forever()
-        raise AssertionError
+        if leaves is None:
+            await anyio.sleep_forever()
+        else:
+            await leaves.wait()
+        return {"type": "http.disconnect"}
 
     return receive
 
@@ -66,21 +70,6 @@ def _stalled() -> Receive:
     async def receive() -> dict[str, Any]:
         await anyio.sleep_forever()
         raise AssertionError
-
-    return receive
-
-
-def _leaves_after(req: Nap, left: anyio.Event) -> Receive:
-    """A client that sends ``req``, then goes away when ``left`` is set."""
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": msgspec.json.encode(req)}
-        await left.wait()
-        return {"type": "http.disconnect"}
 
     return receive
 
@@ -106,12 +95,12 @@ async def _ask(frontend: Frontend, receive: Receive) -> tuple[int, dict[str, Any
 async def test_the_servers_deadline_ends_a_request_with_504_on_time() -> None:
     async with Runtime({}) as runtime:
         frontend = Frontend({"nap": nap}, runtime, limits=Limits(request_timeout=0.3))
-        status, body, took = await _ask(frontend, _body(Nap(seconds=30, name="late")))
+        status, body, took = await _ask(frontend, _client(Nap(seconds=30, name="late")))
         assert (status, body["error"]["type"]) == (504, "deadline_exceeded")
         assert 0.3 <= took < 5
         assert "late" in cancelled
         # One that ends in time is answered, also right after.
-        status, body, _ = await _ask(frontend, _body(Nap(seconds=0)))
+        status, body, _ = await _ask(frontend, _client(Nap(seconds=0)))
         assert status == 200
 
 
@@ -124,7 +113,7 @@ async def test_a_stalled_body_gets_408_counted_from_the_requests_slot() -> None:
         answers: dict[str, tuple[int, dict[str, Any], float]] = {}
 
         async def first() -> None:
-            answers["first"] = await _ask(frontend, _body(Nap(seconds=0.6, name="first")))
+            answers["first"] = await _ask(frontend, _client(Nap(seconds=0.6, name="first")))
 
         async def second() -> None:
             answers["second"] = await _ask(frontend, _stalled())
@@ -150,7 +139,7 @@ async def test_a_client_that_leaves_after_its_body_cancels_the_script() -> None:
         answer: list[tuple[int, dict[str, Any], float]] = []
 
         async def ask() -> None:
-            answer.append(await _ask(frontend, _leaves_after(Nap(seconds=30, name="gone"), left)))
+            answer.append(await _ask(frontend, _client(Nap(seconds=30, name="gone"), left)))
 
         running["gone"] = anyio.Event()
         async with anyio.create_task_group() as tg:
