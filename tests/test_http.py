@@ -11,6 +11,7 @@ from test_metrics import _value
 import bls
 from bls.runtime import Runtime
 from bls.serve.app import Frontend
+from bls.serve.intake import request_id
 
 started = threading.Event()
 finally_ran: list[bool] = []
@@ -64,3 +65,12 @@ def test_a_drain_that_runs_out_answers_503_and_counts_a_shutdown() -> None:
             await main()
 
     anyio.run(bounded)
+
+
+def test_a_request_id_that_cannot_be_echoed_as_it_is_gets_a_new_one() -> None:
+    """The answer's head carries the id as it is: only printable ASCII up to 128
+    characters is taken (a control character would make the head invalid)."""
+    assert request_id(b"abc-123 x") == b"abc-123 x"
+    for bad in (b"a\tb", b"a\x7fb", b"a\x00b", b"x" * 129, "é".encode()):
+        new = request_id(bad)
+        assert new != bad and new.isascii() and new.decode().isprintable()

@@ -370,7 +370,8 @@ def _bad_header(name: str, expected: str, given: bytes | None = None) -> HttpErr
 
 
 def request_id(given: bytes | None) -> bytes:
-    """The client's ``X-Request-Id`` (``given``) when it sent a sane one, else a new id."""
-    if given and len(given) <= 128 and given.isascii():
+    """The client's ``X-Request-Id`` (``given``) when it sent a sane one (up to 128
+    printable ASCII characters: the answer's head echoes it), else a new id."""
+    if given and len(given) <= 128 and given.isascii() and given.decode().isprintable():
         return given
     return b"%s%08x" % (_ID_PREFIX, next(_ids))

@@ -1,7 +1,8 @@
 """The HTTP connection `bls serve` runs on asyncio (bls/serve/protocol.py), on a real
 Uvicorn server and raw sockets: keep-alive on the shared timer (an idle connection closes
 on time, never early; one that keeps asking stays open), pipelined requests answered in
-order, and the server serving new clients afterwards."""
+order, the head that says how the body comes (a length, chunks, a close, HEAD), and the
+server serving new clients afterwards."""
 
 from __future__ import annotations
 
@@ -24,10 +25,19 @@ async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
     while (await receive()).get("more_body"):
         pass
-    if scope["path"].startswith("/slow/"):
-        await asyncio.sleep(float(scope["path"].split("/")[2]))
-    body = scope["path"].encode()
+    path = scope["path"]
+    if path.startswith("/slow/"):
+        await asyncio.sleep(float(path.split("/")[2]))
+    body = path.encode()
+    if path == "/stream":  # no length: chunked, in two pieces
+        start = {"type": "http.response.start", "status": 200, "headers": []}
+        await send(start)
+        await send({"type": "http.response.body", "body": b"one", "more_body": True})
+        await send({"type": "http.response.body", "body": b"two"})
+        return
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    if path == "/close":
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -121,5 +131,27 @@ def test_an_idle_connection_closes_after_keep_alive_and_an_active_one_stays_open
             idle = time.monotonic() - answered
         assert keep_alive - 0.05 <= idle < keep_alive + 5, idle
         with socket.create_connection(address) as sock:  # and it still serves
+            sock.sendall(_request("/after"))
+            assert http_response(sock).endswith(b"/after")
+
+
+def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> None:
+    with serving(keep_alive=5) as address:
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/stream"))
+            data = receive_until(sock, lambda d: d.endswith(b"0\r\n\r\n"), 10)
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert b"transfer-encoding: chunked" in head.lower()
+            assert body == b"3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n"
+            sock.sendall(b"HEAD /head HTTP/1.1\r\nhost: test\r\n\r\n")
+            head = receive_until(sock, lambda d: b"\r\n\r\n" in d, 10)
+            assert head.startswith(b"HTTP/1.1 200") and b"content-length: 5" in head
+            assert head.endswith(b"\r\n\r\n")  # and no body
+            sock.sendall(_request("/close"))
+            answer = http_response(sock)
+            assert b"connection: close" in answer.lower() and answer.endswith(b"/close")
+            sock.settimeout(10)
+            assert sock.recv(1) == b""  # closed after the answer, as its head said
+        with socket.create_connection(address) as sock:
             sock.sendall(_request("/after"))
             assert http_response(sock).endswith(b"/after")
