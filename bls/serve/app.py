@@ -390,8 +390,7 @@ class Frontend:
         """Why the request's scope ended it: a drain, a body too slow (bounded by the
         server's ``body_timeout``, or by its deadline when that comes first), its deadline."""
         timeout = request.timeout
-        if not request.timed:
-            body_timeout = timeout
+        body_bound = body_timeout if request.timed else timeout
         if request.shutdown:
             self.metrics.cancelled("shutdown")
             return HttpError(503, "draining", "the server shut down before the request ended")
@@ -399,7 +398,7 @@ class Frontend:
             return HttpError(
                 408,
                 "body_timeout",
-                f"the request body did not arrive within {body_timeout:g}s",
+                f"the request body did not arrive within {body_bound:g}s",
                 headers=[(b"connection", b"close")],
             )
         return DeadlineExceeded(f"request to {request.entry!r} exceeded its {timeout:g}s deadline")

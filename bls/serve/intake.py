@@ -173,8 +173,9 @@ class Clocks:
     A request spends its first ``_YOUNG`` s in ``young`` only; most end by then. One
     still running has grown (:meth:`_grown`) and meets the rest:
 
-    - ``deadlines``: the server's own deadline (``request_timeout``; one the client sent
-      in ``X-Request-Timeout`` is its scope's own); past it the scope is cancelled.
+    - ``deadlines``: the server's own deadline (``request_timeout``, which most requests
+      have; a shorter one sent in ``X-Request-Timeout`` is the request scope's own); past
+      it the scope is cancelled.
     - ``bodies``: the body must arrive within ``body_timeout`` s of the request's start
       (of its slot, when it queued); past it the scope is cancelled, and answered 408
       since it is still reading.
