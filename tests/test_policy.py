@@ -3,11 +3,15 @@ budget's arithmetic, hedge delays from recent latencies, and bls.remaining()."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import anyio
 import pytest
 
 import bls
-from bls.traffic import Latencies, RetryBudget, policy_from
+from bls.scope import CallContext
+from bls.traffic import Latencies, RetryBudget, Traffic, policy_from
+from transport import attempts
 
 
 def test_the_defaults_repeat_nothing_and_eject_after_five_failures() -> None:
@@ -119,3 +123,32 @@ async def test_remaining_is_the_earliest_deadline_and_none_without_one() -> None
             await anyio.sleep(0.05)
     async with bls.timeout(0):
         assert bls.remaining() == 0.0
+
+
+class _DeadlineEverywhere:
+    """A stand-in replica set for the attempts: two live replicas, and every copy of the
+    call told by its worker that the deadline passed (after a moment, so a copy is sent)."""
+
+    description = "stand-in"
+
+    def __init__(self) -> None:
+        self.policy = policy_from("work", {"idempotent": True, "hedge": {"after_ms": 1}})
+        self.traffic = Traffic()
+        self.latencies = Latencies()
+        self.retry_budget = None
+        self.connections = [SimpleNamespace(alive=True, retired=False) for _ in range(2)]
+        self.copies = 0
+
+    async def answer(self, body: list, ctx: CallContext, busy: list | None = None) -> list:
+        self.copies += 1
+        await anyio.sleep(0.02)
+        raise bls.DeadlineExceeded("stage 'work': the deadline passed in the worker")
+
+
+@pytest.mark.anyio
+async def test_a_hedged_call_whose_copies_see_the_deadline_pass_raises_deadline_exceeded() -> None:
+    """As a call without copies does: not an exception group from the copies' task group."""
+    replicas = _DeadlineEverywhere()
+    with pytest.raises(bls.DeadlineExceeded, match="deadline passed in the worker"):
+        await attempts.call(replicas, [], CallContext())  # type: ignore[arg-type]
+    assert replicas.copies == 2 and replicas.traffic.hedges == 1

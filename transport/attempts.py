@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from bls.errors import StageError
+from bls.errors import DeadlineExceeded, StageError
 from bls.scope import CallContext
 from bls.tracing import outcome_of
 from bls.traffic import Hedge, Latencies, RetryBudget
@@ -98,11 +98,11 @@ async def _hedged(
     """Copies of the call, a new one each time the last has not answered after the
     hedge delay (up to ``hedge.max`` extra), each to a replica no other copy is on
     (``busy``, which each copy joins); the first answer wins and the rest are
-    cancelled. All failing: the first error."""
+    cancelled. All failing: the first error, as a call without copies raises it."""
     traffic = binding.traffic
     hedged_from = len(busy)
     answers: list[tuple[int, Any]] = []
-    errors: list[StageError] = []
+    errors: list[StageError | DeadlineExceeded] = []
     running = 0
     settled = anyio.Event()
 
@@ -110,7 +110,7 @@ async def _hedged(
         nonlocal running, settled
         try:
             rest = await _attempt(binding, body, ctx, n, busy)
-        except StageError as exc:
+        except (StageError, DeadlineExceeded) as exc:  # (the worker saw the deadline pass)
             errors.append(exc)
         except anyio.get_cancelled_exc_class():
             if answers:  # another copy answered first
