@@ -1,8 +1,8 @@
 """``bls serve``: the frontend on an HTTP server, with start-up, readiness and drain.
 
-Two established ASGI servers, chosen by event loop: Uvicorn (with httptools, the faster
-one; its connection's keep-alive timer in :mod:`.protocol`) on asyncio, Hypercorn on
-trio. Either way the runtime is entered first (remote stages connected and type-checked),
+Two established ASGI servers, chosen by event loop: on asyncio, Uvicorn's server (its
+sockets, lifespan and shutdown) with bls's own HTTP/1.1 connection (:mod:`.protocol`,
+httptools parsing), on trio Hypercorn. Either way the runtime is entered first (remote stages connected and type-checked),
 then the server starts, then ``ready URL`` is printed. SIGTERM or SIGINT starts a drain:
 ``/ready`` turns 503, new requests get 503, in-flight ones get ``grace`` seconds to
 finish before they are cancelled (and answered 503), then the server stops and the
@@ -11,6 +11,7 @@ process exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -76,7 +77,7 @@ async def _uvicorn(
         lifespan="off",
         access_log=False,
         log_config=None,
-        http=connection_class(keep_alive),  # httptools, tuned (.protocol)
+        http=connection_class(keep_alive, asyncio.get_running_loop()),  # (.protocol)
         # The frontend reads neither X-Forwarded-* nor a banner: no middleware per request
         # for them (Hypercorn, on trio, reads none either).
         proxy_headers=False,

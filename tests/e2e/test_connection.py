@@ -1,8 +1,10 @@
 """The HTTP connection `bls serve` runs on asyncio (bls/serve/protocol.py), on a real
 Uvicorn server and raw sockets: keep-alive on the shared timer (an idle connection closes
 on time, never early; one that keeps asking stays open), pipelined requests answered in
-order, the head that says how the body comes (a length, chunks, a close, HEAD), and the
-server serving new clients afterwards."""
+order, the head that says how the body comes (a length, chunks, a close, HEAD), a body
+that comes in pieces or after ``100 Continue``, what does not parse, an application that
+fails, a client that leaves, a client that reads slowly, and the server serving new
+clients afterwards."""
 
 from __future__ import annotations
 
@@ -19,26 +21,49 @@ import uvicorn
 from bls.serve.protocol import connection_class
 from tests.e2e.rawio import http_response, receive_until
 
+# Set when the application hears its client leave (by path).
+left: dict[str, threading.Event] = {}
+
 
 async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """A tiny ASGI app: answers the request's path (``/slow/S`` after S seconds)."""
+    """A tiny ASGI app: answers the request's path (``/slow/S`` after S seconds), or its
+    body (``/echo``); ``/fail`` fails before answering, ``/fail-held`` after sending
+    its head (which waits for its body), ``/fail-late`` after a first piece of its body,
+    ``/wait`` waits for its client to leave, ``/big/N`` answers N bytes."""
     assert scope["type"] == "http"
-    while (await receive()).get("more_body"):
-        pass
     path = scope["path"]
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if path.startswith("/big/"):
+        body = b"x" * int(path.split("/")[2])
+    elif path != "/echo":
+        body = path.encode()
+    if path == "/fail":
+        raise RuntimeError("failed on purpose")
+    if path == "/wait":
+        assert (await receive())["type"] == "http.disconnect"
+        left[path].set()
+        return
     if path.startswith("/slow/"):
         await asyncio.sleep(float(path.split("/")[2]))
-    body = path.encode()
-    if path == "/stream":  # no length: chunked, in two pieces
+    if path in ("/stream", "/fail-late"):  # no length: chunked, in two pieces
         start = {"type": "http.response.start", "status": 200, "headers": []}
         await send(start)
         await send({"type": "http.response.body", "body": b"one", "more_body": True})
+        if path == "/fail-late":
+            raise RuntimeError("failed on purpose, its answer begun")
         await send({"type": "http.response.body", "body": b"two"})
         return
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
     if path == "/close":
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if path == "/fail-held":
+        raise RuntimeError("failed on purpose, its head held back for its body")
     await send({"type": "http.response.body", "body": body})
 
 
@@ -54,7 +79,7 @@ def serving(keep_alive: float) -> Iterator[tuple[str, int]]:
     async def main() -> None:
         config = uvicorn.Config(
             _echo_path,
-            http=connection_class(keep_alive),
+            http=connection_class(keep_alive, asyncio.get_running_loop()),
             lifespan="off",
             log_config=None,
             timeout_keep_alive=int(keep_alive),
@@ -155,3 +180,132 @@ def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> 
         with socket.create_connection(address) as sock:
             sock.sendall(_request("/after"))
             assert http_response(sock).endswith(b"/after")
+
+
+def _closed(sock: socket.socket, timeout: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left_s = deadline - time.monotonic()
+        assert left_s > 0, f"still open after {timeout}s; read: {data[:300]!r}"
+        sock.settimeout(left_s)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "host: test", f"content-length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def test_a_body_in_pieces_and_after_100_continue_reaches_the_application_whole() -> None:
+    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+        request = _post("/echo", b"0123456789" * 1000)
+        head, _, body = request.partition(b"\r\n\r\n")
+        sock.sendall(head + b"\r\n\r\n")
+        for n in range(0, len(body), 1000):  # each piece in its own segment
+            sock.sendall(body[n : n + 1000])
+            time.sleep(0.01)
+        assert http_response(sock).endswith(b"0123456789" * 1000)
+        # A chunked body.
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        )
+        assert http_response(sock).endswith(b"\r\n\r\nabcde")
+        # Expect: 100-continue: the body is sent once the server asks for it.
+        sock.sendall(
+            _post("/echo", b"", "expect: 100-continue").replace(
+                b"content-length: 0", b"content-length: 4"
+            )
+        )
+        assert receive_until(sock, lambda d: b"\r\n\r\n" in d, 10) == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
+        sock.sendall(b"body")
+        assert http_response(sock).endswith(b"\r\n\r\nbody")
+
+
+def test_what_does_not_parse_gets_400_and_a_close_and_the_server_serves_on() -> None:
+    with serving(keep_alive=5) as address:
+        with socket.create_connection(address) as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            answer = _closed(sock)
+            assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer
+            assert b"connection: close" in answer
+        with socket.create_connection(address) as sock:
+            # A request asking to switch protocols is answered as HTTP/1.1, then closed.
+            sock.sendall(
+                b"GET /plain HTTP/1.1\r\nhost: test\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
+            )
+            answer = _closed(sock)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"/plain"), answer
+        with socket.create_connection(address) as sock:  # HTTP/1.0: closed after it
+            sock.sendall(b"GET /old HTTP/1.0\r\n\r\n")
+            answer = _closed(sock)
+            assert b"connection: close" in answer and answer.endswith(b"/old"), answer
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/after"))
+            assert http_response(sock).endswith(b"/after")
+
+
+def test_an_application_that_fails_gets_500_or_a_close_and_the_server_serves_on() -> None:
+    with serving(keep_alive=5) as address:
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/fail"))
+            answer = _closed(sock)
+            assert answer.startswith(b"HTTP/1.1 500") and b"connection: close" in answer
+        with socket.create_connection(address) as sock:
+            # Its head had not gone out yet (it goes with the body): a 500 still can.
+            sock.sendall(_request("/fail-held"))
+            answer = _closed(sock)
+            assert answer.startswith(b"HTTP/1.1 500") and b"connection: close" in answer
+            assert b"200" not in answer, answer
+        with socket.create_connection(address) as sock:
+            # Its answer had begun: the connection's close ends it, unfinished.
+            sock.sendall(_request("/fail-late"))
+            answer = _closed(sock)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"3\r\none\r\n")
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/after"))
+            assert http_response(sock).endswith(b"/after")
+
+
+def test_a_client_that_leaves_is_seen_by_the_application() -> None:
+    left["/wait"] = threading.Event()
+    with serving(keep_alive=5) as address:
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/wait"))
+            time.sleep(0.05)  # (it may leave before or after the request starts: both count)
+        assert left["/wait"].wait(10), "the application never heard the client leave"
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/after"))
+            assert http_response(sock).endswith(b"/after")
+
+
+def test_a_client_that_reads_slowly_gets_every_byte_in_order() -> None:
+    size = 32 * 1024 * 1024  # more than the socket buffers hold: writing must wait
+    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+        sock.sendall(_request(f"/big/{size}") + _request("/next"))
+        time.sleep(0.3)  # the server fills the buffers, then waits for the reader
+        data = bytearray(receive_until(sock, lambda d: b"\r\n\r\n" in d, 10))
+        head, _, body = bytes(data).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length: %d" % size in head
+        data = bytearray(body)
+        deadline = time.monotonic() + 30
+        while True:  # the big body, then the next answer
+            assert time.monotonic() < deadline, f"{len(data)} bytes of the body after 30s"
+            sock.settimeout(max(deadline - time.monotonic(), 0.01))
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(data)} bytes of the body"
+            data += chunk
+            if data.endswith(b"/next"):
+                break
+        assert data[:size] == b"x" * size
+        assert bytes(data[size:]).startswith(b"HTTP/1.1 200") and data.endswith(b"/next")
