@@ -68,7 +68,8 @@ class Connection:
         self.write_paused = False
         self.writable: Any = None  # a future while writing waits for the buffer
         self.pipeline: deque[Exchange] = deque()  # requests waiting for the one answering
-        self.exchange: Exchange | None = None  # the request being answered (or last answered)
+        self.exchange: Exchange | None = None  # the request parsed last
+        self.answering: Exchange | None = None  # the one whose task runs (or ran last)
         # The request being parsed.
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -87,11 +88,13 @@ class Connection:
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
         self.idle.discard(self)
-        exchange = self.exchange
-        if exchange is not None:
-            if not exchange.complete:
-                exchange.disconnected = True
-            exchange.wake()
+        # The client is gone: the request being answered hears it (and so does a
+        # pipelined one that waits behind it, if it ever starts).
+        for exchange in (self.answering, self.exchange):
+            if exchange is not None:
+                if not exchange.complete:
+                    exchange.disconnected = True
+                exchange.wake()
         self.resume_writing()
         if exc is None:
             self.transport.close()
@@ -195,6 +198,7 @@ class Connection:
     # -- requests -------------------------------------------------------------------------
 
     def _start(self, exchange: Exchange) -> None:
+        self.answering = exchange
         task = self.loop.create_task(exchange.run(self.app))
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)

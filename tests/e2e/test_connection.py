@@ -284,6 +284,12 @@ def test_a_client_that_leaves_is_seen_by_the_application() -> None:
             sock.sendall(_request("/wait"))
             time.sleep(0.05)  # (it may leave before or after the request starts: both count)
         assert left["/wait"].wait(10), "the application never heard the client leave"
+        # The same with a pipelined request waiting behind it.
+        left["/wait"] = threading.Event()
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/wait") + _request("/next"))
+            time.sleep(0.05)
+        assert left["/wait"].wait(10), "a pipelining client's leaving was not heard"
         with socket.create_connection(address) as sock:
             sock.sendall(_request("/after"))
             assert http_response(sock).endswith(b"/after")
