@@ -105,6 +105,13 @@ def serving(keep_alive: float) -> Iterator[tuple[str, int]]:
         assert not thread.is_alive()
 
 
+def _serves_on(address: tuple[str, int]) -> None:
+    """A new client is served (whatever the last one did)."""
+    with socket.create_connection(address) as sock:
+        sock.sendall(_request("/after"))
+        assert http_response(sock).endswith(b"/after")
+
+
 def _request(path: str) -> bytes:
     return f"GET {path} HTTP/1.1\r\nhost: test\r\n\r\n".encode()
 
@@ -155,9 +162,7 @@ def test_an_idle_connection_closes_after_keep_alive_and_an_active_one_stays_open
             assert sock.recv(1) == b""  # the server closed it: idle for keep_alive seconds
             idle = time.monotonic() - answered
         assert keep_alive - 0.05 <= idle < keep_alive + 5, idle
-        with socket.create_connection(address) as sock:  # and it still serves
-            sock.sendall(_request("/after"))
-            assert http_response(sock).endswith(b"/after")
+        _serves_on(address)
 
 
 def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> None:
@@ -177,9 +182,7 @@ def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> 
             assert b"connection: close" in answer.lower() and answer.endswith(b"/close")
             sock.settimeout(10)
             assert sock.recv(1) == b""  # closed after the answer, as its head said
-        with socket.create_connection(address) as sock:
-            sock.sendall(_request("/after"))
-            assert http_response(sock).endswith(b"/after")
+        _serves_on(address)
 
 
 def _closed(sock: socket.socket, timeout: float = 10) -> bytes:
@@ -250,9 +253,7 @@ def test_what_does_not_parse_gets_400_and_a_close_and_the_server_serves_on() -> 
             sock.sendall(b"GET /old HTTP/1.0\r\n\r\n")
             answer = _closed(sock)
             assert b"connection: close" in answer and answer.endswith(b"/old"), answer
-        with socket.create_connection(address) as sock:
-            sock.sendall(_request("/after"))
-            assert http_response(sock).endswith(b"/after")
+        _serves_on(address)
 
 
 def test_an_application_that_fails_gets_500_or_a_close_and_the_server_serves_on() -> None:
@@ -272,9 +273,7 @@ def test_an_application_that_fails_gets_500_or_a_close_and_the_server_serves_on(
             sock.sendall(_request("/fail-late"))
             answer = _closed(sock)
             assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"3\r\none\r\n")
-        with socket.create_connection(address) as sock:
-            sock.sendall(_request("/after"))
-            assert http_response(sock).endswith(b"/after")
+        _serves_on(address)
 
 
 def test_a_client_that_leaves_is_seen_by_the_application() -> None:
@@ -290,9 +289,7 @@ def test_a_client_that_leaves_is_seen_by_the_application() -> None:
             sock.sendall(_request("/wait") + _request("/next"))
             time.sleep(0.05)
         assert left["/wait"].wait(10), "a pipelining client's leaving was not heard"
-        with socket.create_connection(address) as sock:
-            sock.sendall(_request("/after"))
-            assert http_response(sock).endswith(b"/after")
+        _serves_on(address)
 
 
 def test_a_client_that_reads_slowly_gets_every_byte_in_order() -> None:
