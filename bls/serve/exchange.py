@@ -92,7 +92,7 @@ class Exchange:
         self.read = False  # the whole body went to the application
         self.waiter: Any = None  # a future while receive() waits for the body
         self.disconnected = False
-        self.started = False  # the answer's head went out
+        self.started = False  # the application started its answer (its head is out or held)
         self.complete = False  # its last byte went out
         self.chunked = False
         self.head = b""  # an answer's head that waits to go out with its body
@@ -109,7 +109,7 @@ class Exchange:
         try:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
-            log.error("the application failed", exc_info=exc)
+            log.error("%s: the application failed", self._what(), exc_info=exc)
             if self._unsent():
                 await self._send_500()
             else:
@@ -118,11 +118,16 @@ class Exchange:
                 raise
         else:
             if not self.complete and not self.disconnected:
-                log.error("the application returned before its answer was complete")
+                log.error(
+                    "%s: the application returned before its answer was complete", self._what()
+                )
                 if self._unsent():
                     await self._send_500()
                 else:
                     self.connection.transport.close()
+
+    def _what(self) -> str:
+        return f"{self.scope['method']} {self.scope['path']}"
 
     def _unsent(self) -> bool:
         """Whether nothing of the answer has gone out (a head held back for its body is
