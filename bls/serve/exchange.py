@@ -110,10 +110,7 @@ class Exchange:
             await app(self.scope, self.receive, self.send)
         except BaseException as exc:
             log.error("%s: the application failed", self._what(), exc_info=exc)
-            if self._unsent():
-                await self._send_500()
-            else:
-                self.connection.transport.close()
+            await self._fail()
             if not isinstance(exc, Exception):
                 raise
         else:
@@ -121,22 +118,22 @@ class Exchange:
                 log.error(
                     "%s: the application returned before its answer was complete", self._what()
                 )
-                if self._unsent():
-                    await self._send_500()
-                else:
-                    self.connection.transport.close()
+                await self._fail()
 
     def _what(self) -> str:
         return f"{self.scope['method']} {self.scope['path']}"
 
-    def _unsent(self) -> bool:
-        """Whether nothing of the answer has gone out (a head held back for its body is
-        dropped): a 500 can still take its place."""
+    async def _fail(self) -> None:
+        """End an answer the application did not finish: a 500 while nothing of it has
+        gone out (a head held back for its body is dropped), else a close."""
         if self.head:
             self.head = b""
             self.started = self.chunked = False
             self.left = 0
-        return not self.started
+        if self.started:
+            self.connection.transport.close()
+        else:
+            await self._send_500()
 
     async def _send_500(self) -> None:
         body = b"Internal Server Error"

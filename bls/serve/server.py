@@ -1,12 +1,12 @@
 """``bls serve``: the frontend on an HTTP server, with start-up, readiness and drain.
 
-Two servers, chosen by event loop: on asyncio, Uvicorn's server (its
-sockets, lifespan and shutdown) with bls's own HTTP/1.1 connection (:mod:`.protocol`,
-httptools parsing), on trio Hypercorn. Either way the runtime is entered first (remote
-stages connected and type-checked), then the server starts, then ``ready URL`` is
-printed. SIGTERM or SIGINT starts a drain: ``/ready`` turns 503, new requests get 503,
-in-flight ones get ``grace`` seconds to finish before they are cancelled (and answered
-503), then the server stops and the process exits 0.
+Two servers, chosen by event loop: on asyncio, Uvicorn's server (its sockets, lifespan
+and shutdown) with bls's own HTTP/1.1 connection (:mod:`.protocol`, httptools parsing),
+on trio Hypercorn. Either way the runtime is entered first (remote stages connected and
+type-checked), then the server starts, then ``ready URL`` is printed. SIGTERM or SIGINT
+starts a drain: ``/ready`` turns 503, new requests get 503, in-flight ones get ``grace``
+seconds to finish before they are cancelled (and answered 503), then the server stops
+and the process exits 0.
 """
 
 from __future__ import annotations
