@@ -115,24 +115,30 @@ def outcome_of(exc: BaseException) -> tuple[str, str]:
 
 
 class TraceStore:
-    """The last ``keep`` finished traces, by request id (for ``/debug/requests``)."""
+    """The last ``keep`` finished traces (for ``/debug/requests``). Adding one is a ring's
+    append, since every request adds one; finding one by request id is a scan, since only
+    the debug pages look."""
 
     def __init__(self, keep: int = 100) -> None:
         self.keep = keep
-        self._traces: collections.OrderedDict[str, Trace] = collections.OrderedDict()
+        self._ring: collections.deque[Trace] = collections.deque(maxlen=max(keep, 0))
 
     def add(self, trace: Trace) -> None:
-        if self.keep <= 0:
-            return
-        traces = self._traces
-        if trace.id in traces:  # (a client's id, again): the newest now
-            del traces[trace.id]
-        traces[trace.id] = trace
-        if len(traces) > self.keep:
-            traces.popitem(last=False)
+        self._ring.append(trace)  # (keep 0: a ring that holds nothing)
 
     def get(self, trace_id: str) -> Trace | None:
-        return self._traces.get(trace_id)
+        """The newest trace of request ``trace_id`` (a client may send an id again)."""
+        for trace in reversed(self._ring):
+            if trace.id == trace_id:
+                return trace
+        return None
 
     def recent(self) -> list[Trace]:
-        return list(reversed(self._traces.values()))
+        """Newest first, one per request id (the newest)."""
+        seen: set[str] = set()
+        traces = []
+        for trace in reversed(self._ring):
+            if trace.id not in seen:
+                seen.add(trace.id)
+                traces.append(trace)
+        return traces

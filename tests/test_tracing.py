@@ -58,6 +58,9 @@ def test_the_store_keeps_the_most_recent_traces() -> None:
     again = Trace("r1", "e")  # a client that sends the same X-Request-Id again
     store.add(again)
     assert [t.id for t in store.recent()] == ["r1", "r2"] and store.get("r1") is again
+    none = TraceStore(keep=0)  # --trace-keep 0
+    none.add(again)
+    assert none.recent() == [] and none.get("r1") is None
 
 
 async def test_a_stream_left_by_break_still_ends_its_span() -> None:
