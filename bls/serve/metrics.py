@@ -29,14 +29,16 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 class _Histogram:
-    """Bucket counts, sum and count of one labelled series."""
+    """Bucket counts, sum and count of one labelled series (and, for a request series,
+    its count by status code)."""
 
-    __slots__ = ("buckets", "count", "sum")
+    __slots__ = ("buckets", "count", "statuses", "sum")
 
     def __init__(self) -> None:
         self.buckets = [0] * (len(BUCKETS) + 1)  # the last one is +Inf
         self.sum = 0.0
         self.count = 0
+        self.statuses: dict[int, int] = {}
 
     def observe(self, value: float) -> None:
         self.buckets[bisect.bisect_left(BUCKETS, value)] += 1
@@ -58,9 +60,8 @@ class Metrics:
     def __init__(
         self, inflight: Callable[[], int] = lambda: 0, queued: Callable[[], int] = lambda: 0
     ) -> None:
-        self.requests: dict[tuple[str, int], int] = {}  # (entry, status): count
+        # By entry: latencies, and counts by status. By stage: latencies (and so counts).
         self.latency: dict[str, _Histogram] = {}
-        self.stage_calls: dict[str, int] = {}
         self.stage_errors: dict[tuple[str, str], int] = {}
         self.stage_latency: dict[str, _Histogram] = {}
         self.cancellations: dict[str, int] = {}
@@ -73,11 +74,11 @@ class Metrics:
         self.registry.register(self)
 
     def request(self, entry: str, status: int, seconds: float) -> None:
-        key = (entry, status)
-        self.requests[key] = self.requests.get(key, 0) + 1
         hist = self.latency.get(entry)
         if hist is None:
             hist = self.latency[entry] = _Histogram()
+        statuses = hist.statuses
+        statuses[status] = statuses.get(status, 0) + 1
         hist.observe(seconds)
 
     def cancelled(self, reason: str) -> None:
@@ -89,7 +90,6 @@ class Metrics:
         if span.parent == 0 or span.remote or span.attempt:  # (an attempt: its call counts)
             return
         name = span.name
-        self.stage_calls[name] = self.stage_calls.get(name, 0) + 1
         hist = self.stage_latency.get(name)
         if hist is None:
             hist = self.stage_latency[name] = _Histogram()
@@ -124,8 +124,9 @@ class Metrics:
             "HTTP requests to script entries, by entry and status code",
             labels=["entry", "status"],
         )
-        for (entry, status), n in self.requests.items():
-            requests.add_metric([entry, str(status)], n)
+        for entry, hist in self.latency.items():
+            for status, n in hist.statuses.items():
+                requests.add_metric([entry, str(status)], n)
         yield requests
         yield _histograms(
             "bls_request_duration_seconds",
@@ -147,7 +148,7 @@ class Metrics:
             "bls_stage_calls",
             "Stage calls made by scripts, by stage",
             ["stage"],
-            {(k,): v for k, v in self.stage_calls.items()},
+            {(k,): hist.count for k, hist in self.stage_latency.items()},
         )
         yield _counter(
             "bls_stage_errors",
