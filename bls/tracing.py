@@ -120,7 +120,6 @@ class TraceStore:
     the debug pages look."""
 
     def __init__(self, keep: int = 100) -> None:
-        self.keep = keep
         self._ring: collections.deque[Trace] = collections.deque(maxlen=max(keep, 0))
 
     def add(self, trace: Trace) -> None:
