@@ -49,7 +49,7 @@ async def answer_entry(
         result = await runtime.run(entry, req)
         request.status = 200
         request.finishing = True
-        await respond(send, 200, _encode(result), request.id.encode())
+        await respond(scope, send, 200, _encode(result), request.id.encode())
         return
     if NDJSON in request.headers.accept:
         request.error_frame = ndjson_error
@@ -63,7 +63,13 @@ async def answer_entry(
 
 
 async def answer_chat(
-    runtime: Runtime, models: list[str], send: Send, entry: Script, req: Any, request: Request
+    runtime: Runtime,
+    models: list[str],
+    scope: Scope,
+    send: Send,
+    entry: Script,
+    req: Any,
+    request: Request,
 ) -> None:
     """``POST /v1/chat/completions``: a ``chat.completion``, or with ``"stream": true``
     a role chunk, a chunk per piece of text, the finish (and usage) and ``[DONE]``."""
@@ -96,7 +102,7 @@ async def answer_chat(
     request.status = 200
     body = chat.completion(cid, model, "".join(parts), transcript)
     request.finishing = True
-    await respond(send, 200, body, request.id.encode())
+    await respond(scope, send, 200, body, request.id.encode())
 
 
 async def _chat_stream(

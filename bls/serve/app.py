@@ -146,13 +146,13 @@ class Frontend:
     # -- small routes -----------------------------------------------------------------
 
     async def _health(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(send, 200, b'{"status":"ok"}', _rid(scope))
+        await respond(scope, send, 200, b'{"status":"ok"}', _rid(scope))
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         rid = _rid(scope)
         if self.draining:
             error = HttpError(503, "draining", "the server is shutting down")
-            await send_error(send, error, rid)
+            await send_error(scope, send, error, rid)
             return
         down = [name for name, b in self.runtime.bindings.items() if not b.ready()]
         if down:
@@ -162,13 +162,13 @@ class Frontend:
                 f"stage(s) not reachable: {', '.join(down)}",
                 stage=down[0],
             )
-            await send_error(send, error, rid)
+            await send_error(scope, send, error, rid)
             return
-        await respond(send, 200, _encode({"status": "ready"}), rid)
+        await respond(scope, send, 200, _encode({"status": "ready"}), rid)
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         body = self.metrics.render()
-        await respond(send, 200, body, _rid(scope), METRICS_TYPE.encode())
+        await respond(scope, send, 200, body, _rid(scope), METRICS_TYPE.encode())
 
     async def _list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         listing = []
@@ -184,37 +184,37 @@ class Frontend:
                     "response": response,
                 }
             )
-        await respond(send, 200, _encode({"scripts": listing}), _rid(scope))
+        await respond(scope, send, 200, _encode({"scripts": listing}), _rid(scope))
 
     async def _models(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(send, 200, chat.models(self.models), _rid(scope))
+        await respond(scope, send, 200, chat.models(self.models), _rid(scope))
 
     async def _openapi_json(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         if self._openapi is None:
             self._openapi = _encode(openapi.document(self.entries, self.title))
-        await respond(send, 200, self._openapi, _rid(scope))
+        await respond(scope, send, 200, self._openapi, _rid(scope))
 
     async def _debug_list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         rid = _rid(scope)
         if b"application/json" in (header(scope, b"accept") or b""):
             body = _encode([pages.summary(t) for t in self.traces.recent()])
-            await respond(send, 200, body, rid)
+            await respond(scope, send, 200, body, rid)
             return
         page = pages.index_page(self.traces.recent(), self.title)
-        await respond(send, 200, page.encode(), rid, b"text/html; charset=utf-8")
+        await respond(scope, send, 200, page.encode(), rid, b"text/html; charset=utf-8")
 
     async def _debug_page(self, scope: Scope, receive: Receive, send: Send, trace_id: str) -> None:
         rid = _rid(scope)
         trace = self.traces.get(trace_id)
         if trace is None:
             error = HttpError(404, "not_found", f"no recent request with id {trace_id!r}")
-            await send_error(send, error, rid)
+            await send_error(scope, send, error, rid)
             return
         if b"application/json" in (header(scope, b"accept") or b""):
-            await respond(send, 200, _encode(pages.summary(trace, spans=True)), rid)
+            await respond(scope, send, 200, _encode(pages.summary(trace, spans=True)), rid)
             return
         body = pages.trace_page(trace).encode()
-        await respond(send, 200, body, rid, b"text/html; charset=utf-8")
+        await respond(scope, send, 200, body, rid, b"text/html; charset=utf-8")
 
     # -- the routes that run entries -------------------------------------------------
 
@@ -236,7 +236,7 @@ class Frontend:
     async def _run_chat(
         self, scope: Scope, send: Send, entry: Script, req: Any, request: Request
     ) -> None:
-        await answer_chat(self.runtime, self.models, send, entry, req, request)
+        await answer_chat(self.runtime, self.models, scope, send, entry, req, request)
 
     # -- one request's life: admit, read and run, answer, record ----------------------
 
@@ -258,7 +258,7 @@ class Frontend:
         except Disconnected:
             self._dropped(request)
         except BaseException as exc:
-            await self._answer_error(send, request, exc)
+            await self._answer_error(scope, send, request, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -297,7 +297,7 @@ class Frontend:
         if error.entry is None:
             error.entry = entry.name
         try:
-            await send_error(send, error, rid)
+            await send_error(scope, send, error, rid)
         except OSError:
             pass  # the client has gone already
         self._counted(scope, rid.decode(), entry.name, error.status, started)
@@ -411,7 +411,9 @@ class Frontend:
         request.trace.close(request.root, "cancelled", "disconnect")
         self.metrics.cancelled("disconnect")
 
-    async def _answer_error(self, send: Send, request: Request, exc: BaseException) -> None:
+    async def _answer_error(
+        self, scope: Scope, send: Send, request: Request, exc: BaseException
+    ) -> None:
         """The error's status and body; in the stream's own framing once it started."""
         error = error_for(exc, request.entry)
         if error.status == 500 and not isinstance(exc, HttpError):
@@ -429,7 +431,7 @@ class Frontend:
                 request.status = request.status or error.status
             else:
                 request.status = error.status
-                await send_error(send, error, request.id.encode())
+                await send_error(scope, send, error, request.id.encode())
         except OSError:
             request.disconnected = True
 
@@ -476,7 +478,7 @@ def _rid(scope: Scope) -> bytes:
 async def _refuse(scope: Scope, send: Send, error: HttpError) -> None:
     """Answer a request no route takes (404, 405), with its line in the access log."""
     rid = _rid(scope)
-    await send_error(send, error, rid)
+    await send_error(scope, send, error, rid)
     access.info("%s %s %s %d", rid.decode(), scope["method"], scope["path"], error.status)
 
 

@@ -11,7 +11,11 @@ that fails before its answer went out and a close after), at a lower price per r
 - the answer's head is checked with one regular expression over its names and one over
   its values, not two per header;
 - a head with a Content-Length waits for the first piece of its body, and the two go out
-  in one write: one system call, one segment for the client to read.
+  in one write: one system call, one segment for the client to read;
+- a whole answer may come in one message (the ``bls.response.whole`` extension each
+  request's scope offers, :data:`.framing.WHOLE`), its head's lines formatted by the
+  application: one message, and no header to parse or check, for the answers bls sends
+  most. The default headers' lines are formatted, and checked, once per list.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["STATUS_LINES", "Exchange", "Link"]
+from .framing import WHOLE
+
+__all__ = ["STATUS_LINES", "Exchange", "Link", "default_lines"]
 
 log = logging.getLogger("bls.http")
 
@@ -50,6 +56,9 @@ class Link(Protocol):
     loop: Any  # the asyncio event loop
     server_state: Any  # Uvicorn's: its default_headers go on every answer
     write_paused: bool  # the transport's buffer is full
+
+    def default_head(self) -> bytes:
+        """The lines of the headers every answer carries (the server's default headers)."""
 
     def resume_reading(self) -> None: ...
 
@@ -184,9 +193,13 @@ class Exchange:
         if self.disconnected:
             return
         if not self.started:
-            if message["type"] != "http.response.start":
-                raise RuntimeError(f"expected 'http.response.start', got {message['type']!r}")
-            self._head(message["status"], message.get("headers", ()))
+            kind = message["type"]
+            if kind == WHOLE:
+                self._whole(message["status"], message["head"], message["body"])
+            elif kind != "http.response.start":
+                raise RuntimeError(f"expected 'http.response.start', got {kind!r}")
+            else:
+                self._head(message["status"], message.get("headers", ()))
         elif not self.complete:
             if message["type"] != "http.response.body":
                 raise RuntimeError(f"expected 'http.response.body', got {message['type']!r}")
@@ -197,12 +210,12 @@ class Exchange:
     def _head(self, status: int, headers: Any) -> None:
         self.started = True
         self.expect_continue = False
-        head = [STATUS_LINES[status]]
+        head = [STATUS_LINES[status], self.connection.default_head()]
         names = []
         values = []
         length = None
         closing = False
-        for name, value in (*self.connection.server_state.default_headers, *headers):
+        for name, value in headers:
             name = name.lower()
             names.append(name)
             values.append(value)
@@ -257,11 +270,41 @@ class Exchange:
         if not more:
             if self.left:
                 raise RuntimeError("the answer's body is shorter than its content-length")
-            self.complete = True
-            self.wake()
-            if not self.keep_alive:
-                transport.close()
-            self.connection.answered()
+            self._complete()
+
+    def _whole(self, status: int, head: bytes, body: bytes) -> None:
+        """The whole answer (:data:`.framing.WHOLE`): its length, and a close when the
+        connection will not be kept, added; one write."""
+        if status < 200 or status in (204, 304):
+            raise RuntimeError(f"a {status} answer has no body: send it as start and body")
+        self.started = True
+        self.expect_continue = False
+        length = len(body)
+        if self.scope["method"] == "HEAD":
+            body = b""
+        close = b"" if self.keep_alive else b"connection: close\r\n"
+        self.connection.transport.write(
+            b"%s%s%scontent-length: %d\r\n%s\r\n%s"
+            % (STATUS_LINES[status], self.connection.default_head(), head, length, close, body)
+        )
+        self._complete()
+
+    def _complete(self) -> None:
+        self.complete = True
+        self.wake()
+        if not self.keep_alive:
+            self.connection.transport.close()
+        self.connection.answered()
+
+
+def default_lines(headers: Any) -> bytes:
+    """The lines of a server's default headers (RuntimeError for a bad name or value)."""
+    lines = []
+    for name, value in headers:
+        if _BAD_NAME.search(name) or _BAD_VALUE.search(value):
+            raise RuntimeError(f"invalid default header {name!r}")
+        lines.append(b"%s: %s\r\n" % (name.lower(), value))
+    return b"".join(lines)
 
 
 def _tokens(value: bytes) -> list[bytes]:

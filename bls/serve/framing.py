@@ -12,7 +12,16 @@ import msgspec
 
 from ..errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 
-__all__ = ["ChatChunks", "HttpError", "error_for", "respond", "send_error", "start"]
+__all__ = [
+    "WHOLE",
+    "ChatChunks",
+    "HttpError",
+    "error_for",
+    "respond",
+    "send_error",
+    "start",
+    "whole_answers",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -198,7 +207,21 @@ async def start(
     await send({"type": "http.response.start", "status": status, "headers": headers})
 
 
+# The ASGI extension of bls's own HTTP/1.1 connection (:mod:`.exchange`): a whole answer in
+# one message, ``{"type": WHOLE, "status", "head", "body"}``, its ``head`` the header lines
+# this module formats (lower-case names, values it vouches for), which the connection
+# writes with its status line, its default headers and the body's length, in one write.
+WHOLE = "bls.response.whole"
+
+
+def whole_answers(scope: Scope) -> bool:
+    """Whether the server takes a whole answer in one message (the :data:`WHOLE` extension)."""
+    extensions = scope.get("extensions")
+    return extensions is not None and WHOLE in extensions
+
+
 async def respond(
+    scope: Scope,
     send: Send,
     status: int,
     body: bytes,
@@ -206,9 +229,15 @@ async def respond(
     content_type: bytes = JSON,
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
+    """A whole answer: in one message when the server offers :data:`WHOLE` (and there is
+    no ``extra`` header to check), else the usual two."""
+    if not extra and whole_answers(scope):
+        head = b"content-type: %s\r\nx-request-id: %s\r\n" % (content_type, request_id)
+        await send({"type": WHOLE, "status": status, "head": head, "body": body})
+        return
     await start(send, status, request_id, content_type, length=len(body), extra=extra)
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, error: HttpError, request_id: bytes) -> None:
-    await respond(send, error.status, error.body(), request_id, extra=error.headers)
+async def send_error(scope: Scope, send: Send, error: HttpError, request_id: bytes) -> None:
+    await respond(scope, send, error.status, error.body(), request_id, extra=error.headers)

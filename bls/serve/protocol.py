@@ -25,7 +25,8 @@ from typing import Any
 import httptools
 
 from ..loop import Delays, backend
-from .exchange import STATUS_LINES, Exchange
+from .exchange import STATUS_LINES, Exchange, default_lines
+from .framing import WHOLE
 
 __all__ = ["Connection", "connection_class"]
 
@@ -70,6 +71,10 @@ class Connection:
         self.pipeline: deque[Exchange] = deque()  # requests waiting for the one answering
         self.exchange: Exchange | None = None  # the request parsed last
         self.answering: Exchange | None = None  # the one whose task runs (or ran last)
+        # The server's default headers (Uvicorn makes a new list as the date changes),
+        # and their lines, checked and formatted once per list.
+        self.defaults: Any = None
+        self.defaults_head = b""
         # The request being parsed.
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -155,7 +160,7 @@ class Connection:
         if "%" in path:
             path = urllib.parse.unquote(path)
         root = self.root_path
-        scope = {
+        scope: dict[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": version,
@@ -169,6 +174,7 @@ class Connection:
             "path": root + path if root else path,
             "raw_path": root.encode("ascii") + raw_path if root else raw_path,
             "query_string": url.query or b"",
+            "extensions": {WHOLE: {}},  # (a whole answer in one message: .exchange)
         }
         keep_alive = version != "1.0" and parser.should_keep_alive()
         exchange = Exchange(self, scope, keep_alive, self.expect_continue)
@@ -225,6 +231,13 @@ class Connection:
             self.read_paused = False
             self.transport.resume_reading()
 
+    def default_head(self) -> bytes:
+        defaults = self.server_state.default_headers
+        if defaults is not self.defaults:
+            self.defaults_head = default_lines(defaults)
+            self.defaults = defaults
+        return self.defaults_head
+
     async def drain(self) -> None:
         """Wait until the transport takes writes again."""
         writable = self.writable
@@ -237,7 +250,7 @@ class Connection:
             b"".join(
                 [
                     STATUS_LINES[400],
-                    *[b"%s: %s\r\n" % pair for pair in self.server_state.default_headers],
+                    self.default_head(),
                     b"content-type: text/plain; charset=utf-8\r\n",
                     b"content-length: %d\r\n" % len(message),
                     b"connection: close\r\n\r\n",

@@ -18,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from bls.serve.framing import WHOLE
 from bls.serve.protocol import connection_class
 from tests.e2e.rawio import http_response, receive_until
 
@@ -29,7 +30,8 @@ async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """A tiny ASGI app: answers the request's path (``/slow/S`` after S seconds), or its
     body (``/echo``); ``/fail`` fails before answering, ``/fail-held`` after sending
     its head (which waits for its body), ``/fail-late`` after a first piece of its body,
-    ``/wait`` waits for its client to leave, ``/big/N`` answers N bytes."""
+    ``/wait`` waits for its client to leave, ``/big/N`` answers N bytes, ``/whole`` answers
+    in one message (the bls.response.whole extension), ``/whole/S`` with status S."""
     assert scope["type"] == "http"
     path = scope["path"]
     body = b""
@@ -50,6 +52,12 @@ async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     if path.startswith("/slow/"):
         await asyncio.sleep(float(path.split("/")[2]))
+    if path.startswith("/whole"):
+        assert WHOLE in scope["extensions"]  # (the connection offers it)
+        status = int(path.split("/")[2]) if path.count("/") == 2 else 200
+        head = b"content-type: text/plain\r\nx-request-id: r1\r\n"
+        await send({"type": WHOLE, "status": status, "head": head, "body": body})
+        return
     if path in ("/stream", "/fail-late"):  # no length: chunked, in two pieces
         start = {"type": "http.response.start", "status": 200, "headers": []}
         await send(start)
@@ -182,6 +190,30 @@ def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> 
             assert b"connection: close" in answer.lower() and answer.endswith(b"/close")
             sock.settimeout(10)
             assert sock.recv(1) == b""  # closed after the answer, as its head said
+        _serves_on(address)
+
+
+def test_a_whole_answer_in_one_message_gets_its_length_the_default_headers_and_a_close() -> None:
+    with serving(keep_alive=5) as address:
+        with socket.create_connection(address) as sock:
+            sock.sendall(_request("/whole") * 2)  # pipelined: both answered, in order
+            assert _responses(sock, 2) == [b"/whole", b"/whole"]
+            sock.sendall(_request("/whole"))
+            head, _, body = http_response(sock).partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            assert lines[0] == b"HTTP/1.1 200 OK" and body == b"/whole"
+            assert lines[1].startswith(b"date: ")  # the server's default header
+            assert b"content-type: text/plain" in lines and b"x-request-id: r1" in lines
+            assert b"content-length: 6" in lines and b"connection: close" not in lines
+            sock.sendall(b"HEAD /whole HTTP/1.1\r\nhost: test\r\n\r\n")
+            head = receive_until(sock, lambda d: b"\r\n\r\n" in d, 10)
+            assert b"content-length: 6\r\n" in head and head.endswith(b"\r\n\r\n")
+            sock.sendall(b"GET /whole HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+            answer = _closed(sock)  # the connection closes after it, as its head says
+            assert b"\r\nconnection: close\r\n" in answer and answer.endswith(b"/whole")
+        with socket.create_connection(address) as sock:  # a 204 has no body to send whole
+            sock.sendall(_request("/whole/204"))
+            assert _closed(sock).startswith(b"HTTP/1.1 500 ")
         _serves_on(address)
 
 
