@@ -371,7 +371,7 @@ class Frontend:
                     clocks.queue(request)
                     await ticket.wait()
                     clocks.granted(request)
-                body = await read_body(request, self.limits.max_body_bytes)
+                body = await read_body(scope, request, self.limits.max_body_bytes)
                 clocks.read(request)
                 try:
                     req = entry.decode(body)

@@ -7,7 +7,8 @@ an answer without a length and none for HEAD, 204 and 304, ``500`` for an applic
 that fails before its answer went out and a close after), at a lower price per request:
 
 - the body reaches the task without an ``asyncio.Event``: a request whose body came with
-  its head (most) never waits, and one that waits has one future;
+  its head (most) never waits, and one that waits has one future; such a body can be
+  taken whole, with no message (the ``bls.request.body`` extension, :data:`.framing.BODY`);
 - the answer's head is checked with one regular expression over its names and one over
   its values, not two per header;
 - a head with a Content-Length waits for the first piece of its body, and the two go out
@@ -26,7 +27,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .framing import WHOLE
+from .framing import BODY, WHOLE
 
 __all__ = ["STATUS_LINES", "Exchange", "Link", "default_lines"]
 
@@ -80,6 +81,7 @@ class Exchange:
         "disconnected",
         "expect_continue",
         "head",
+        "head_only",
         "keep_alive",
         "left",
         "more_body",
@@ -93,7 +95,11 @@ class Exchange:
         self, connection: Link, scope: dict[str, Any], keep_alive: bool, expect: bool
     ) -> None:
         self.connection = connection
-        self.scope = scope
+        # The scope offers self.take (framing.BODY): held here only until the application
+        # runs with it, then by its task alone (no cycle for the garbage collector).
+        self.scope: dict[str, Any] | None = scope
+        scope["extensions"] = {WHOLE: {}, BODY: {"take": self.take}}
+        self.head_only = scope["method"] == "HEAD"
         self.keep_alive = keep_alive
         self.expect_continue = expect  # a 100 Continue is owed when the body is first read
         self.body = bytearray()
@@ -115,22 +121,21 @@ class Exchange:
                 waiter.set_result(None)
 
     async def run(self, app: Callable[..., Any]) -> None:
+        scope, self.scope = self.scope, None
+        assert scope is not None  # (run once)
         try:
-            await app(self.scope, self.receive, self.send)
+            await app(scope, self.receive, self.send)
         except BaseException as exc:
-            log.error("%s: the application failed", self._what(), exc_info=exc)
+            log.error("%s: the application failed", _what(scope), exc_info=exc)
             await self._fail()
             if not isinstance(exc, Exception):
                 raise
         else:
             if not self.complete and not self.disconnected:
                 log.error(
-                    "%s: the application returned before its answer was complete", self._what()
+                    "%s: the application returned before its answer was complete", _what(scope)
                 )
                 await self._fail()
-
-    def _what(self) -> str:
-        return f"{self.scope['method']} {self.scope['path']}"
 
     async def _fail(self) -> None:
         """End an answer the application did not finish: a 500 while nothing of it has
@@ -158,6 +163,13 @@ class Exchange:
             }
         )
         await self.send({"type": "http.response.body", "body": body})
+
+    def take(self) -> bytes | None:
+        """The whole body, if all of it is here and none was received (:data:`.framing.BODY`)."""
+        if self.more_body or self.read or self.expect_continue or self.disconnected:
+            return None
+        self.read = True
+        return bytes(self.body)
 
     async def receive(self) -> dict[str, Any]:
         connection = self.connection
@@ -237,18 +249,18 @@ class Exchange:
             length = None
         elif length is not None:
             self.left = length
-        elif self.scope["method"] != "HEAD" and status not in (204, 304):
+        elif not self.head_only and status not in (204, 304):
             self.chunked = True
             head.append(b"transfer-encoding: chunked\r\n")
         head.append(b"\r\n")
-        if length and self.scope["method"] != "HEAD":  # (its body follows: one write for both)
+        if length and not self.head_only:  # (its body follows: one write for both)
             self.head = b"".join(head)
         else:
             self.connection.transport.write(b"".join(head))
 
     def _body(self, body: bytes, more: bool) -> None:
         transport = self.connection.transport
-        if self.scope["method"] == "HEAD":
+        if self.head_only:
             self.left = 0
         elif self.chunked:
             if body:
@@ -280,7 +292,7 @@ class Exchange:
         self.started = True
         self.expect_continue = False
         length = len(body)
-        if self.scope["method"] == "HEAD":
+        if self.head_only:
             body = b""
         close = b"" if self.keep_alive else b"connection: close\r\n"
         self.connection.transport.write(
@@ -295,6 +307,10 @@ class Exchange:
         if not self.keep_alive:
             self.connection.transport.close()
         self.connection.answered()
+
+
+def _what(scope: dict[str, Any]) -> str:
+    return f"{scope['method']} {scope['path']}"
 
 
 def default_lines(headers: Any) -> bytes:

@@ -13,6 +13,7 @@ import msgspec
 from ..errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 
 __all__ = [
+    "BODY",
     "WHOLE",
     "ChatChunks",
     "HttpError",
@@ -207,11 +208,15 @@ async def start(
     await send({"type": "http.response.start", "status": status, "headers": headers})
 
 
-# The ASGI extension of bls's own HTTP/1.1 connection (:mod:`.exchange`): a whole answer in
-# one message, ``{"type": WHOLE, "status", "head", "body"}``, its ``head`` the header lines
-# this module formats (lower-case names, values it vouches for), which the connection
-# writes with its status line, its default headers and the body's length, in one write.
+# The ASGI extensions of bls's own HTTP/1.1 connection (:mod:`.exchange`). WHOLE: a
+# whole answer in one message, ``{"type": WHOLE, "status", "head", "body"}``, its
+# ``head`` the header lines this module formats (lower-case names, values it vouches
+# for), which the connection writes with its status line, its default headers and the
+# body's length, in one write.
 WHOLE = "bls.response.whole"
+# BODY: ``{"take": take}``, ``take()`` the whole request body when all of it has arrived and
+# none was received yet (``receive()`` then gives only the disconnect), else None.
+BODY = "bls.request.body"
 
 
 def whole_answers(scope: Scope) -> bool:

@@ -20,7 +20,7 @@ from ..loop import Backend, Delays
 from ..priorities import MAX_PRIORITY, checked
 from ..scope import RequestScope
 from ..tracing import Span, Trace
-from .framing import HttpError, Message, Receive, Scope, sse_error
+from .framing import BODY, HttpError, Message, Receive, Scope, sse_error
 from .tenants import valid_tenant
 
 __all__ = [
@@ -265,7 +265,7 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(scope: Scope, request: Request, limit: int) -> bytes:
     """The whole body: 413 past ``limit`` bytes (before reading when Content-Length says
     so), :class:`Disconnected` when the client leaves first. How long it may take is the
     request scope's business."""
@@ -274,6 +274,11 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise HttpError(
             413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
         )
+    taken = take_body(scope)
+    if taken is not None:  # (all of it came with the head, as it mostly does)
+        if len(taken) > limit:
+            raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+        return taken
     message = await request.receive()
     if not message.get("more_body", False) and message["type"] == "http.request":
         body: bytes = message.get("body", b"")  # all in one message, as it mostly comes
@@ -281,6 +286,15 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
         return body
     return await _rest_of_body(message, request.receive, limit)
+
+
+def take_body(scope: Scope) -> bytes | None:
+    """The whole body at once, where the server offers it (:data:`.framing.BODY`)."""
+    offered = scope.get("extensions")
+    if offered is None:
+        return None
+    body = offered.get(BODY)
+    return None if body is None else body["take"]()
 
 
 async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes:

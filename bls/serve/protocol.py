@@ -26,7 +26,6 @@ import httptools
 
 from ..loop import Delays, backend
 from .exchange import STATUS_LINES, Exchange, default_lines
-from .framing import WHOLE
 
 __all__ = ["Connection", "connection_class"]
 
@@ -174,7 +173,6 @@ class Connection:
             "path": root + path if root else path,
             "raw_path": root.encode("ascii") + raw_path if root else raw_path,
             "query_string": url.query or b"",
-            "extensions": {WHOLE: {}},  # (a whole answer in one message: .exchange)
         }
         keep_alive = version != "1.0" and parser.should_keep_alive()
         exchange = Exchange(self, scope, keep_alive, self.expect_continue)

@@ -2,7 +2,7 @@
 Uvicorn server and raw sockets: keep-alive on the shared timer (an idle connection closes
 on time, never early; one that keeps asking stays open), pipelined requests answered in
 order, the head that says how the body comes (a length, chunks, a close, HEAD), a body
-that comes in pieces or after ``100 Continue``, what does not parse, an application that
+that comes in pieces or after ``100 Continue`` or is taken whole, what does not parse, an application that
 fails, a client that leaves, a client that reads slowly, and the server serving new
 clients afterwards."""
 
@@ -18,12 +18,14 @@ from typing import Any
 
 import uvicorn
 
-from bls.serve.framing import WHOLE
+from bls.serve.framing import BODY, WHOLE
 from bls.serve.protocol import connection_class
 from tests.e2e.rawio import http_response, receive_until
 
 # Set when the application hears its client leave (by path).
 left: dict[str, threading.Event] = {}
+# Set when /take found no whole body to take (so it receives it instead).
+untaken = threading.Event()
 
 
 async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -31,18 +33,29 @@ async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
     body (``/echo``); ``/fail`` fails before answering, ``/fail-held`` after sending
     its head (which waits for its body), ``/fail-late`` after a first piece of its body,
     ``/wait`` waits for its client to leave, ``/big/N`` answers N bytes, ``/whole`` answers
-    in one message (the bls.response.whole extension), ``/whole/S`` with status S."""
+    in one message (the bls.response.whole extension), ``/whole/S`` with status S,
+    ``/take`` takes its body whole (bls.request.body) where it can and says how it got it."""
     assert scope["type"] == "http"
     path = scope["path"]
+    take = scope["extensions"][BODY]["take"]
+    taken = take() if path == "/take" else None
+    if taken is not None:
+        assert take() is None  # (taken once)
+        await send({"type": WHOLE, "status": 200, "head": b"", "body": b"taken " + taken})
+        return
+    if path == "/take":
+        untaken.set()
     body = b""
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
+    if path == "/take":
+        body = b"received " + body
     if path.startswith("/big/"):
         body = b"x" * int(path.split("/")[2])
-    elif path != "/echo":
+    elif path not in ("/echo", "/take"):
         body = path.encode()
     if path == "/fail":
         raise RuntimeError("failed on purpose")
@@ -265,6 +278,29 @@ def test_a_body_in_pieces_and_after_100_continue_reaches_the_application_whole()
         )
         sock.sendall(b"body")
         assert http_response(sock).endswith(b"\r\n\r\nbody")
+
+
+def test_a_body_all_there_is_taken_whole_and_one_still_coming_is_received() -> None:
+    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+        sock.sendall(_post("/take", b"all of it") * 2)
+        assert _responses(sock, 2) == [b"taken all of it", b"taken all of it"]
+        # Its second half not sent yet: nothing to take; it is received when it comes.
+        untaken.clear()
+        request = _post("/take", b"half and half")
+        sock.sendall(request[:-8])
+        assert untaken.wait(10)
+        sock.sendall(request[-8:])
+        assert _responses(sock, 1) == [b"received half and half"]
+        # Expect: 100-continue: nothing was sent to take; it is asked for and received.
+        untaken.clear()
+        sock.sendall(_post("/take", b"", "expect: 100-continue").replace(b": 0", b": 4"))
+        assert receive_until(sock, lambda d: b"\r\n\r\n" in d, 10) == (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        )
+        assert untaken.is_set()
+        sock.sendall(b"body")
+        assert _responses(sock, 1) == [b"received body"]
+        _serves_on(address)
 
 
 def test_what_does_not_parse_gets_400_and_a_close_and_the_server_serves_on() -> None:
