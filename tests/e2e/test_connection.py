@@ -2,9 +2,9 @@
 Uvicorn server and raw sockets: keep-alive on the shared timer (an idle connection closes
 on time, never early; one that keeps asking stays open), pipelined requests answered in
 order, the head that says how the body comes (a length, chunks, a close, HEAD), a body
-that comes in pieces or after ``100 Continue`` or is taken whole, what does not parse, an application that
-fails, a client that leaves, a client that reads slowly, and the server serving new
-clients afterwards."""
+that comes in pieces or after ``100 Continue`` or is taken whole, what does not parse,
+an application that fails, a client that leaves, a client that reads slowly, and the
+server serving new clients afterwards."""
 
 from __future__ import annotations
 
