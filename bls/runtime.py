@@ -302,7 +302,7 @@ class Runtime:
         ctx = current_context()
         if ctx.trace is None:
             return binding.invoke(req, ctx)
-        return traced_call(ctx, name, binding.description, partial(binding.invoke, req))
+        return traced_call(ctx, name, binding.description, binding.invoke, req)
 
     def stream(self, name: str, req: Any) -> StageStream:
         """Open a streaming stage call (lazily: nothing is sent until iterated)."""

@@ -306,9 +306,10 @@ async def traced_call(
     ctx: CallContext,
     name: str,
     description: str,
-    call: Callable[[CallContext], Coroutine[Any, Any, Any]],
+    invoke: Callable[[Any, CallContext], Coroutine[Any, Any, Any]],
+    req: Any,
 ) -> Any:
-    """``call(ctx)`` (a binding's invoke) inside a span of its own: the binding is handed
+    """``invoke(req, ctx)`` (a binding's) inside a span of its own: the binding is handed
     the span, and stage calls made meanwhile (an inline script's) become its children."""
     trace = ctx.trace
     assert trace is not None
@@ -317,7 +318,7 @@ async def traced_call(
     inner = CallContext(ctx.deadline, trace, span, ctx.streams, ctx.record, ctx.priority)
     token = _context.set(inner)
     try:
-        result = await call(inner)
+        result = await invoke(req, inner)
     except BaseException as exc:
         trace.close(span, *outcome_of(exc))
         raise
