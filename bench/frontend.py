@@ -1,6 +1,6 @@
 """`bls serve` vs a bare Starlette route on the same server doing the same work.
 
-    python bench/frontend.py [--quick] [--backend asyncio|trio] [--recording]
+    python bench/frontend.py [--quick] [--backend asyncio|trio] [--recording] [--wrk]
 
 Starts a `bls worker` (the remote stage), `bls serve bench/serving/app.py` and the floor
 (bench/serving/app.py run directly: Starlette on Uvicorn), then drives each with a
@@ -9,6 +9,9 @@ req/s, p50 and the server's CPU time per request (user + system, from /proc) sid
 side. The two take turns for ``--rounds`` rounds; ratios are bls / floor per round, as
 median [min-max]. Absolute times drift on shared machines; compare within one run.
 
+``--wrk`` drives them with wrk (one thread, the same POST) instead of bench/_load.py:
+the load generator most HTTP benchmarks use, where it is installed (req/s and CPU only).
+
 ``--recording`` measures what recording costs instead: `bls serve` against `bls serve
 --record DIR` (every request's stage calls written to a file), the same way.
 """
@@ -16,8 +19,10 @@ median [min-max]. Absolute times drift on shared machines; compare within one ru
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -40,10 +45,39 @@ def measure(url: str, path: str, concurrency: int, seconds: float) -> tuple[floa
     return len(latencies) / seconds, p50, p99
 
 
-def measure_server(pid: int, url: str, path: str, concurrency: int, seconds: float) -> tuple:
+def measure_wrk(url: str, path: str, concurrency: int, seconds: float) -> tuple:
+    """(req/s, p50 ms, p99 ms) as wrk counts them, one thread, ``concurrency`` connections."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
+        script.write(
+            'wrk.method = "POST"\nwrk.body = \'{"text":"hello"}\'\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+        script.flush()
+        command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency"]
+        command += ["-s", script.name]
+        out = subprocess.run([*command, url + path], capture_output=True, text=True).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"unexpected answers or errors:\n{out}")
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if found is None:
+        raise RuntimeError(f"wrk said:\n{out}")
+    return float(found.group(1)), _wrk_ms(out, "50%"), _wrk_ms(out, "99%")
+
+
+def _wrk_ms(out: str, percentile: str) -> float:
+    """A latency percentile of wrk's --latency distribution, in ms."""
+    found = re.search(rf"^\s*{percentile}\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    if found is None:
+        return float("nan")
+    return float(found.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[found.group(2)]
+
+
+def measure_server(
+    pid: int, url: str, path: str, concurrency: int, seconds: float, wrk: bool = False
+) -> tuple:
     """(req/s, p50 ms, p99 ms, server CPU µs per request)."""
     cpu = cpu_seconds(pid)
-    rps, p50, p99 = measure(url, path, concurrency, seconds)
+    rps, p50, p99 = (measure_wrk if wrk else measure)(url, path, concurrency, seconds)
     used = cpu_seconds(pid) - cpu
     return rps, p50, p99, used / max(rps * seconds, 1) * 1e6
 
@@ -61,6 +95,7 @@ def main() -> None:
         help="scripts to measure: noop (no stage), inline (one stage in process), remote",
     )
     parser.add_argument("--levels", type=int, nargs="+", help="concurrencies")
+    parser.add_argument("--wrk", action="store_true", help="drive the load with wrk (installed)")
     parser.add_argument(
         "--recording",
         action="store_true",
@@ -72,6 +107,8 @@ def main() -> None:
         help="with --recording: the file system the records go to (default: $TMPDIR)",
     )
     args = parser.parse_args()
+    if args.wrk and shutil.which("wrk") is None:
+        parser.error("--wrk: wrk is not installed (apt-get install wrk)")
     seconds = args.seconds or (1.0 if args.quick else 3.0)
     levels = args.levels or ([1, 8, 32] if args.quick else [1, 4, 16, 64])
 
@@ -97,7 +134,7 @@ def main() -> None:
             what = f"bls serve ({args.backend}) vs bare Starlette on Uvicorn"
 
         print(
-            f"{what}, {seconds:g} s each, "
+            f"{what}, {seconds:g} s each{' under wrk' if args.wrk else ''}, "
             f"{args.rounds} round(s); bls / floor per round: median [min-max]\n"
         )
         print(
@@ -112,7 +149,7 @@ def main() -> None:
                 for r in range(args.rounds):
                     pair = [(floor.pid, floor_url, floors), (server.pid, bls_url, blss)]
                     for pid, url, out in pair if r % 2 == 0 else pair[::-1]:
-                        out.append(measure_server(pid, url, path, c, seconds))
+                        out.append(measure_server(pid, url, path, c, seconds, args.wrk))
                 med = statistics.median
                 pairs = list(zip(floors, blss, strict=True))
                 print(
