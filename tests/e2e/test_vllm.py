@@ -184,7 +184,10 @@ def test_http_disconnect_aborts_the_request_in_the_workers_engine(remote_engine:
     )
     try:
         url = urlsplit(server.address)
-        body = json.dumps({"text": "tell me a story", "max_tokens": 200}).encode()
+        # Read slowly (10 s for the whole answer): the client leaves while the engine still
+        # holds the request, however late this process gets to read its first items.
+        ask = {"text": "tell me a story", "max_tokens": 200, "pause": 0.05}
+        body = json.dumps(ask).encode()
         with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
             sock.sendall(
                 b"POST /v1/scripts/generate HTTP/1.1\r\nHost: x\r\n"

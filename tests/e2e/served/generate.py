@@ -2,6 +2,8 @@
 
 from collections.abc import AsyncIterator
 
+import anyio
+
 import bls
 from bls.models.vllm import GenerateItem, GenerateRequest
 
@@ -12,6 +14,7 @@ class Prompt(bls.Message):
     text: str
     max_tokens: int = 16
     seed: int = 0
+    pause: float = 0.0  # seconds between items: a slow reader (the engine waits for it)
 
 
 @bls.script
@@ -21,3 +24,5 @@ async def generate(req: Prompt) -> AsyncIterator[GenerateItem]:
     )
     async for item in generator(ask):
         yield item
+        if req.pause:
+            await anyio.sleep(req.pause)
