@@ -3,6 +3,8 @@ entries over the marker-writing stages of ../pipelines/remote_stages.py."""
 
 from collections.abc import AsyncIterator
 
+import anyio
+
 import bls
 
 
@@ -95,8 +97,20 @@ async def total(req: Order) -> int:
 async def fanout(req: Ask) -> Reply:
     """Two 50 ms calls side by side, then a race whose slow loser is cancelled."""
     first, second = await bls.gather(slow(Job(seconds=0.05)), slow(Job(seconds=0.05)))
-    winner = await bls.race(slow(Job(marker=req.marker, seconds=30)), whoami(Job()))
+    winner = await bls.race(slow(Job(marker=req.marker, seconds=30)), _once_started(req.marker))
     return Reply(text=f"{first.pid} {second.pid}", pid=winner.pid)
+
+
+async def _once_started(marker: str) -> Who:
+    """whoami, once the slow call marked ``marker`` has started in its worker (with no
+    marker, at once): cancelled while it runs, that call's worker span comes back with
+    the cancel's acknowledgement, where one cancelled before it started has none."""
+    started = anyio.Path(marker + ".started")
+    while marker:  # (polled: the mark is another process's; the request's deadline bounds it)
+        if await started.exists():
+            break
+        await anyio.sleep(0.005)
+    return await whoami(Job())
 
 
 @bls.script(openai="chat", model="tiny")
