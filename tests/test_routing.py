@@ -20,7 +20,7 @@ ROUTER = Router(
     [
         Route("/v1/scripts/", ["POST"], _handler, prefix=True),
         Route("/v1/scripts", ["GET"], _other),
-        Route("/health", ["GET", "HEAD"], _other),
+        Route("/health", ["GET"], _other),
         Route("/debug/requests/", ["GET"], _handler, prefix=True),
     ]
 )
@@ -30,13 +30,15 @@ def test_an_exact_path_and_a_prefix_with_its_rest() -> None:
     assert ROUTER.match("GET", "/v1/scripts") == (_other, "")
     assert ROUTER.match("POST", "/v1/scripts/greet") == (_handler, "greet")
     assert ROUTER.match("GET", "/debug/requests/abc") == (_handler, "abc")
+    assert ROUTER.match("HEAD", "/health") == (_other, "")  # (what takes GET takes HEAD)
 
 
 @pytest.mark.parametrize(
     ("method", "path", "status", "allow"),
     [
-        ("POST", "/debug/requests/x", 405, b"GET"),
+        ("POST", "/debug/requests/x", 405, b"GET, HEAD"),
         ("GET", "/v1/scripts/greet", 405, b"POST"),
+        ("HEAD", "/v1/scripts/greet", 405, b"POST"),
         ("POST", "/health", 405, b"GET, HEAD"),
         ("GET", "/nowhere", 404, None),
         ("POST", "/v1/scripts/", 404, None),  # a prefix with nothing after it

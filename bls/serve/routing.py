@@ -1,6 +1,7 @@
 """Routes as data: a path (exact, or a prefix whose rest is the route's argument), the
-methods it takes, and its handler. A path that a route serves with other methods is
-answered 405 with ``Allow`` listing the route's own; one no route serves, 404.
+methods it takes, and its handler. A route that takes GET takes HEAD too (the server
+sends the head of the GET answer alone). A path that a route serves with other methods
+is answered 405 with ``Allow`` listing the route's own; one no route serves, 404.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ Handler = Callable[[Scope, Receive, Send, str], Awaitable[None]]
 
 
 class Route:
-    """``path`` served by ``handler`` for ``methods``; a ``prefix`` route serves every path
-    that starts with ``path`` and hands the handler the rest."""
+    """``path`` served by ``handler`` for ``methods`` (and HEAD with GET); a ``prefix``
+    route serves every path that starts with ``path`` and hands the handler the rest."""
 
     __slots__ = ("handler", "methods", "path", "prefix")
 
@@ -26,7 +27,8 @@ class Route:
         self, path: str, methods: Iterable[str], handler: Handler, *, prefix: bool = False
     ) -> None:
         self.path = path
-        self.methods = frozenset(methods)
+        methods = frozenset(methods)
+        self.methods = methods | {"HEAD"} if "GET" in methods else methods
         self.handler = handler
         self.prefix = prefix
 

@@ -191,12 +191,23 @@ def test_streamed_body_over_the_limit_gets_413(workers: dict[str, Proc]) -> None
 def test_wrong_method_and_unknown_route(http: httpx.Client) -> None:
     wrong = http.get("/v1/scripts/greet")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert http.head("/v1/scripts/greet").status_code == 405
     health = http.post("/health")
-    assert health.status_code == 405 and health.headers["allow"] == "GET"
+    assert health.status_code == 405 and health.headers["allow"] == "GET, HEAD"
     r = http.get("/nowhere")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
     page = http.post("/debug/requests/x")  # a prefix route with another method
-    assert page.status_code == 405 and page.headers["allow"] == "GET"
+    assert page.status_code == 405 and page.headers["allow"] == "GET, HEAD"
+
+
+def test_a_get_route_answers_head_with_its_head_alone(http: httpx.Client) -> None:
+    for path in ("/health", "/metrics", "/v1/scripts"):
+        got = http.get(path)
+        head = http.head(path)  # (on the same connection: no body may follow the head)
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["content-type"] == got.headers["content-type"]
+    assert http.head("/health").headers["content-length"] == str(len(b'{"status":"ok"}'))
+    assert http.get("/health").json() == {"status": "ok"}  # the connection still in step
 
 
 # -- stage failures and deadlines -----------------------------------------------------
