@@ -55,7 +55,6 @@ class Link(Protocol):
 
     transport: Any  # the asyncio transport
     loop: Any  # the asyncio event loop
-    server_state: Any  # Uvicorn's: its default_headers go on every answer
     write_paused: bool  # the transport's buffer is full
 
     def default_head(self) -> bytes:
