@@ -228,7 +228,7 @@ async def run_bench(
                     conn.close()
                     status, kind, first = 0, "connection", None
                     if not result.samples and isinstance(exc, ConnectionRefusedError):
-                        raise BenchError(f"cannot connect to {url}: {exc.strerror}") from None
+                        raise BenchError(f"cannot connect to {url}: connection refused") from None
                 now = time.perf_counter()
                 result.samples.append(Sample(t0 - began, now - t0, first, status, kind))
                 errors += bool(kind)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,3 +86,12 @@ def test_the_table_goes_to_stdout_and_bad_flags_are_named(server: Proc) -> None:
     assert out.returncode == 1 and "http://HOST:PORT" in out.stderr
     out = run_bls("bench", server.address, "--entry", "greet", "--input", "{nope")
     assert out.returncode == 1 and "--input is not JSON" in out.stderr
+
+
+def test_a_server_that_is_not_there_is_named_and_stops_the_run() -> None:
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{free.getsockname()[1]}"
+    out = run_bls("bench", url, "--entry", "greet", "--input", "{}", "-c", "4", "-n", "50")
+    assert out.returncode == 1 and out.stdout == ""
+    assert f"cannot connect to {url}: connection refused" in out.stderr
