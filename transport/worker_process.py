@@ -66,19 +66,7 @@ async def run_worker(
     with _zmq_context(options) as configure:
         async with runtime:
             await _set_up(binding, options.stage)
-            server = WorkerServer(
-                binding,
-                address,
-                stage=options.stage,
-                strict_name=options.strict_name,
-                max_inflight=options.max_inflight,
-                max_running=options.max_running,
-                max_inflight_per_caller=options.max_inflight_per_caller,
-                max_frame_bytes=options.transport.max_frame_bytes,
-                heartbeat_s=options.transport.heartbeat_s,
-                dead_after_s=options.transport.caller_dead_after_s,
-                configure_socket=configure,
-            )
+            server = _server(binding, address, options, configure)
             announced = _Announcement(options, server)
             stop_metrics = None
             if options.metrics_port is not None:
@@ -104,6 +92,27 @@ async def run_worker(
     stats = msgspec.json.encode(server.stats).decode()
     log.info("stage %r: stopped (%s)", options.stage, stats)
     return 0
+
+
+def _server(
+    binding: InlineBinding,
+    address: str,
+    options: WorkerOptions,
+    configure: Callable[[zmq.Socket[Any]], None],
+) -> WorkerServer:
+    return WorkerServer(
+        binding,
+        address,
+        stage=options.stage,
+        strict_name=options.strict_name,
+        max_inflight=options.max_inflight,
+        max_running=options.max_running,
+        max_inflight_per_caller=options.max_inflight_per_caller,
+        max_frame_bytes=options.transport.max_frame_bytes,
+        heartbeat_s=options.transport.heartbeat_s,
+        dead_after_s=options.transport.caller_dead_after_s,
+        configure_socket=configure,
+    )
 
 
 @contextlib.contextmanager

@@ -338,32 +338,9 @@ class WorkerServer:
         if self._ack_wanted is not None:
             self._ack_wanted.set()
         self.stats.calls += 1
-        if header.to != self.instance:
-            # Sent to an earlier process at this address: never started, safe to retry.
-            self._reject(client, call_id, "unavailable", "the worker restarted; call not started")
-            return
-        if self.draining:
-            self._reject(client, call_id, "unavailable", "the worker is shutting down")
-            return
-        if len(self._calls) >= self.max_inflight and not self._displace(header.priority):
-            self._reject(
-                client,
-                call_id,
-                "overloaded",
-                f"the worker is at its limit of {self.max_inflight} calls in flight",
-            )
-            return
-        if peer.inflight >= self.max_per_caller:
-            self._reject(
-                client,
-                call_id,
-                "overloaded",
-                f"this caller is at its limit of {self.max_per_caller} calls in flight",
-            )
-            return
-        if wire.frame_sizes(rest) > self.max_frame_bytes:
-            self.stats.too_large += 1
-            self._reject(client, call_id, "too_large", "the request is over the frame limit")
+        refused = self._refusal(peer, header, rest)
+        if refused is not None:
+            self._reject(client, call_id, *refused)
             return
         try:
             req = self._request.decode(rest[0], rest[1:])
@@ -371,7 +348,32 @@ class WorkerServer:
             self.stats.failed += 1
             self._send_error(client, call_id, undecodable(self.stage, exc))
             return
-        state = CallState(client, call_id, header.count or DEFAULT_CREDIT)
+        self._start(client, peer, header, req)
+
+    def _refusal(self, peer: _Client, header: Header, rest: Any) -> tuple[str, str] | None:
+        """Why a new call is refused before it starts, as (error kind, message); None
+        when it is taken."""
+        if header.to != self.instance:
+            # Sent to an earlier process at this address: never started, safe to retry.
+            return "unavailable", "the worker restarted; call not started"
+        if self.draining:
+            return "unavailable", "the worker is shutting down"
+        if len(self._calls) >= self.max_inflight and not self._displace(header.priority):
+            return (
+                "overloaded",
+                f"the worker is at its limit of {self.max_inflight} calls in flight",
+            )
+        if peer.inflight >= self.max_per_caller:
+            limit = self.max_per_caller
+            return "overloaded", f"this caller is at its limit of {limit} calls in flight"
+        if wire.frame_sizes(rest) > self.max_frame_bytes:
+            self.stats.too_large += 1
+            return "too_large", "the request is over the frame limit"
+        return None
+
+    def _start(self, client: bytes, peer: _Client, header: Header, req: Any) -> None:
+        """Take a decoded call: it waits for a lane, and a lane starts if none is idle."""
+        state = CallState(client, header.call, header.count or DEFAULT_CREDIT)
         peer.inflight += 1
         if header.trace:
             state.trace = Trace(header.trace, self.stage)
