@@ -22,6 +22,7 @@ from . import chat
 from .framing import (
     NDJSON,
     SSE,
+    SSE_END,
     ChatChunks,
     HttpError,
     Scope,
@@ -38,7 +39,6 @@ from .intake import Request
 __all__ = ["answer_chat", "answer_entry"]
 
 _encode = msgspec.json.encode
-_SSE_END = b"event: end\ndata: {}\n\n"
 
 
 async def answer_entry(
@@ -59,7 +59,7 @@ async def answer_entry(
     else:
         await _stream(runtime, send, entry, req, request, SSE, sse_item)
         request.finishing = True
-        await send({"type": "http.response.body", "body": _SSE_END})
+        await send({"type": "http.response.body", "body": SSE_END})
 
 
 async def answer_chat(

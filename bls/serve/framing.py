@@ -14,6 +14,7 @@ from ..errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 
 __all__ = [
     "BODY",
+    "SSE_END",
     "WHOLE",
     "ChatChunks",
     "HttpError",
@@ -129,6 +130,9 @@ def _error_for(exc: BaseException, entry: str) -> HttpError:
 
 def sse_item(item: Any) -> bytes:
     return b"data: " + _encode(item) + b"\n\n"
+
+
+SSE_END = b"event: end\ndata: {}\n\n"  # after a script's last item
 
 
 def ndjson_item(item: Any) -> bytes:
