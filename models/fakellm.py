@@ -34,11 +34,6 @@ from bls.conversation import conversation
 
 from .vllm import GenerateItem, GenerateRequest
 
-# Prompt embeddings arrive as tensors, as they do at the vLLM worker: the codec decodes a
-# tensor only in a process that uses torch. Without torch, they can come as lists.
-with contextlib.suppress(ImportError):
-    import torch  # noqa: F401
-
 __all__ = ["FakeLLM", "FakeOptions"]
 
 log = logging.getLogger("bls.models.fakellm")
@@ -73,6 +68,14 @@ class FakeLLM(bls.Worker):
         self.aborted = 0  # calls cancelled before they finished
         self.generated = 0  # tokens produced, all calls together
         self._running = 0
+
+    async def setup(self) -> None:
+        # Prompt embeddings arrive as tensors, as they do at the vLLM worker: the codec
+        # decodes a tensor only in a process that uses torch (without torch, they can come
+        # as lists). Loaded here, not on import, so that `from bls import testing` stays
+        # quick: a worker process sets its stage up before it takes a call.
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401
 
     def unfinished(self) -> int:
         """Requests still generating (0 once every call has ended or been aborted)."""

@@ -1,6 +1,6 @@
 """Record and replay for real: `bls run --record`, `bls serve --record DIR` with real HTTP
 requests, `bls replay` of each record; and FakeLLM behind `bls worker`, aborting when a
-client goes away."""
+client goes away and taking tensors as prompts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import bls
 from bls.replay import read
 
 from .cli import ROOT, run_bls
@@ -140,3 +141,23 @@ def test_fakellm_streams_behind_bls_worker_and_aborts_when_the_client_leaves() -
             items = [json.loads(line) for line in done.text.splitlines()]
             assert done.status_code == 200 and len(items) == 4
             assert items[-1]["finish_reason"] == "length"
+
+
+@pytest.mark.anyio
+async def test_fakellm_behind_bls_worker_takes_prompt_embeddings_as_tensors() -> None:
+    # The worker loads torch as it sets its stage up, so tensors a caller sends decode there.
+    torch = pytest.importorskip("torch")
+    from bls.models.vllm import GenerateItem, GenerateRequest
+
+    embeds = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with worker("bls.models.fakellm:FakeLLM") as llm:
+        async with bls.Runtime({"generator": llm.address}) as rt:
+            ask = GenerateRequest(prompt_embeds=embeds, max_tokens=3)
+            async with rt.stream("generator", ask) as stream:
+                items = [item async for item in stream]
+            again = GenerateRequest(prompt_embeds=embeds.clone(), max_tokens=3)
+            async with rt.stream("generator", again) as stream:
+                same = [item async for item in stream]
+    assert all(isinstance(item, GenerateItem) for item in items) and len(items) == 3
+    assert items[0].prompt_tokens == 3 and items[-1].finish_reason == "length"
+    assert [i.token_ids for i in items] == [i.token_ids for i in same]  # from the values
