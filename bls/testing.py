@@ -53,8 +53,6 @@ from .replay import replay as _replay
 from .runtime import Runtime
 from .scope import NO_CONTEXT, CallContext
 from .scriptfile import ScriptFile
-from .serve.app import Frontend
-from .serve.intake import Limits
 
 __all__ = [
     "Call",
@@ -173,6 +171,10 @@ async def client(script: str | Path, **limits: Any) -> AsyncIterator[httpx.Async
     """An HTTP client of ``script`` served with the :func:`fake` block's stages (httpx
     over ASGI: no server, no socket): ``await http.post("/v1/scripts/hello", json=...)``.
     ``limits`` set :class:`bls.serve.intake.Limits` (``request_timeout=0.5``)."""
+    # The HTTP package loads only for a client: fakes and calls do without it.
+    from .serve.app import Frontend
+    from .serve.intake import Limits
+
     fakes = _current_fakes()
     loaded = ScriptFile(script, configured=False)
     async with _runtime(fakes, loaded.module, str(loaded.path)) as rt:

@@ -128,6 +128,19 @@ def test_import_bls_loads_neither_the_http_package_nor_the_transport() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_bls_testing_loads_neither_the_http_package_nor_torch_until_asked() -> None:
+    """Tests of a script's logic import bls.testing: torch alone took a second of that."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from bls import testing; "
+        "print(sorted(m for m in sys.modules if m.startswith(('bls.serve', 'torch'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_no_two_modules_share_a_name_across_the_folders() -> None:
     folders = [ROOT / "bls", ROOT / "bls" / "serve", ROOT / "transport", ROOT / "bench"]
     seen: dict[str, Path] = {}
