@@ -352,7 +352,8 @@ class WorkerServer:
 
     def _refusal(self, peer: _Client, header: Header, rest: Any) -> tuple[str, str] | None:
         """Why a new call is refused before it starts, as (error kind, message); None
-        when it is taken."""
+        when it is taken. At the in-flight limit, a waiting call of lower priority may be
+        refused in its place (:meth:`_displace`) to make room for it."""
         if header.to != self.instance:
             # Sent to an earlier process at this address: never started, safe to retry.
             return "unavailable", "the worker restarted; call not started"
