@@ -116,29 +116,24 @@ def test_each_folder_imports_only_the_layers_below_it() -> None:
     assert wrong == [], "\n".join(wrong)
 
 
-def test_import_bls_loads_neither_the_http_package_nor_the_transport() -> None:
+def _loaded_by(statement: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The modules under ``prefixes`` that ``statement`` loads, in a new interpreter."""
     import subprocess
     import sys
 
-    code = (
-        "import sys, bls; "
-        "print(sorted(m for m in sys.modules if m.startswith(('bls.serve', 'bls.transport'))))"
-    )
+    code = f"import sys; {statement}; "
+    code += f"print(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    return ast.literal_eval(out.stdout.strip())
+
+
+def test_import_bls_loads_neither_the_http_package_nor_the_transport() -> None:
+    assert _loaded_by("import bls", ("bls.serve", "bls.transport")) == []
 
 
 def test_bls_testing_loads_neither_the_http_package_nor_torch_until_asked() -> None:
     """Tests of a script's logic import bls.testing: torch alone took a second of that."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; from bls import testing; "
-        "print(sorted(m for m in sys.modules if m.startswith(('bls.serve', 'torch'))))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert _loaded_by("from bls import testing", ("bls.serve", "torch")) == []
 
 
 def test_no_two_modules_share_a_name_across_the_folders() -> None:
