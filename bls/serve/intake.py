@@ -274,18 +274,15 @@ async def read_body(scope: Scope, request: Request, limit: int) -> bytes:
         raise HttpError(
             413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
         )
-    taken = take_body(scope)
-    if taken is not None:  # (all of it came with the head, as it mostly does)
-        if len(taken) > limit:
-            raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
-        return taken
-    message = await request.receive()
-    if not message.get("more_body", False) and message["type"] == "http.request":
-        body: bytes = message.get("body", b"")  # all in one message, as it mostly comes
-        if len(body) > limit:
-            raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
-        return body
-    return await _rest_of_body(message, request.receive, limit)
+    body = take_body(scope)  # all of it, when it came with the head (as it mostly does)
+    if body is None:
+        message = await request.receive()
+        if message.get("more_body", False) or message["type"] != "http.request":
+            return await _rest_of_body(message, request.receive, limit)
+        body = message.get("body", b"")  # all in one message, as it mostly comes
+    if len(body) > limit:
+        raise _too_large(limit)
+    return body
 
 
 def take_body(scope: Scope) -> bytes | None:
@@ -297,6 +294,10 @@ def take_body(scope: Scope) -> bytes | None:
     return None if body is None else body["take"]()
 
 
+def _too_large(limit: int) -> HttpError:
+    return HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+
+
 async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
@@ -306,7 +307,7 @@ async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
