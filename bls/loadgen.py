@@ -7,15 +7,17 @@ stderr; the summary (a table, or one JSON object with ``--json``) to stdout.
 ``--plot FILE.png`` draws latency over time and its histogram (needs matplotlib:
 ``pip install 'bls-pipelines[plot]'``).
 
-The client is written on asyncio streams, not an HTTP library: at thousands of requests
-a second a library's per-request cost would be measured instead of the server's.
+Every connection runs on one ``selectors`` loop (:mod:`bls.loadconn`), with no event-loop
+or HTTP library: at thousands of requests a second a library's per-request cost would be
+measured instead of the server's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
+import selectors
+import socket
 import ssl
 import statistics
 import sys
@@ -26,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .console import UsageError, emit, read_input
+from .loadconn import LoadConnection
 
 __all__ = ["BenchError", "Result", "Sample", "run_bench"]
 
@@ -89,63 +92,7 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-# -- one connection ---------------------------------------------------------------------
-
-
-class _Conn:
-    def __init__(self, host: str, port: int, tls: bool) -> None:
-        self.host, self.port, self.tls = host, port, tls
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.message = ""  # the last answer's error message
-
-    async def open(self) -> None:
-        context = ssl.create_default_context() if self.tls else None
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port, ssl=context)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
-    async def request(self, data: bytes, t0: float) -> tuple[int, str, float | None]:
-        """Send one request and read its whole answer: (status, error kind, first item)."""
-        if self.writer is None:
-            await self.open()
-        assert self.reader is not None and self.writer is not None
-        self.writer.write(data)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip().lower()
-        stream = headers.get(b"content-type", b"").startswith(
-            (b"text/event-stream", b"application/x-ndjson")
-        )
-        first: float | None = None
-        body = bytearray()
-        if b"content-length" in headers:
-            body += await self.reader.readexactly(int(headers[b"content-length"]))
-            if stream and body:
-                first = time.perf_counter() - t0
-        elif headers.get(b"transfer-encoding") == b"chunked":
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                chunk = await self.reader.readexactly(size + 2)
-                if size == 0:
-                    break
-                if first is None and stream:
-                    first = time.perf_counter() - t0
-                body += chunk[:-2]
-        else:  # the body ends with the connection
-            body += await self.reader.read()
-            self.close()
-        if headers.get(b"connection") == b"close":
-            self.close()
-        kind, self.message = _error(status, bytes(body), stream)
-        return status, kind, first
+# -- one answer -------------------------------------------------------------------------
 
 
 def _error(status: int, body: bytes, stream: bool) -> tuple[str, str]:
@@ -185,7 +132,7 @@ def request_bytes(url: str, path: str, body: bytes, stream: bool) -> bytes:
     ).encode() + body
 
 
-async def run_bench(
+def run_bench(
     url: str,
     path: str,
     body: bytes,
@@ -200,53 +147,134 @@ async def run_bench(
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchError(f"the URL must be http://HOST:PORT or https://..., got {url!r}")
-    tls = parts.scheme == "https"
+    tls = ssl.create_default_context() if parts.scheme == "https" else None
     port = parts.port or (443 if tls else 80)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            parts.hostname, port, type=socket.SOCK_STREAM
+        )[0]
+    except OSError as exc:
+        raise BenchError(f"cannot connect to {url}: {exc.strerror or exc}") from None
     data = request_bytes(url, path, body, stream)
-    result = Result(url=url, concurrency=concurrency, elapsed=0.0)
-    sent = 0
-    errors = 0
-    began = time.perf_counter()
-    until = began + duration if duration is not None else float("inf")
-    probe = PROBE if requests is None or requests > PROBE else 0  # a short run just ends
-    refused = ""  # why the first answers say the request is wrong, when they all do
-
-    async def connection() -> None:
-        nonlocal sent, errors, refused
-        conn = _Conn(parts.hostname or "", port, tls)
-        try:
-            while (
-                (requests is None or sent < requests)
-                and time.perf_counter() < until
-                and not refused
-            ):
-                sent += 1
-                t0 = time.perf_counter()
-                try:
-                    status, kind, first = await conn.request(data, t0)
-                except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                    conn.close()
-                    status, kind, first = 0, "connection", None
-                    if not result.samples and isinstance(exc, ConnectionRefusedError):
-                        raise BenchError(f"cannot connect to {url}: connection refused") from None
-                now = time.perf_counter()
-                result.samples.append(Sample(t0 - began, now - t0, first, status, kind))
-                errors += bool(kind)
-                if progress is not None:
-                    progress(len(result.samples), errors)
-                if len(result.samples) == probe and _all_refused(result.samples[:probe]):
-                    refused = f"{status} {kind}: {conn.message}"
-        finally:
+    run = _Run(url, data, concurrency, requests, duration, progress)
+    conns = [LoadConnection(address, family, parts.hostname, tls) for _ in range(concurrency)]
+    try:
+        run.drive(conns)
+    finally:
+        for conn in conns:
             conn.close()
-
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
-    result.elapsed = time.perf_counter() - began
-    if refused:
+        run.selector.close()
+    if run.refused:
         raise BenchError(
-            f"stopped: the first {probe} answers were all the same client error, "
-            f"{refused} (check the URL, --entry and --input)"
+            f"stopped: the first {PROBE} answers were all the same client error, "
+            f"{run.refused} (check the URL, --entry and --input)"
         )
-    return result
+    return run.result
+
+
+class _Run:
+    """Every connection on one selector: each sends its next request as soon as its last
+    answer is whole, until ``requests`` were sent or ``duration`` has passed."""
+
+    def __init__(
+        self,
+        url: str,
+        data: bytes,
+        concurrency: int,
+        requests: int | None,
+        duration: float | None,
+        progress: Any,
+    ) -> None:
+        self.url, self.data, self.requests, self.progress = url, data, requests, progress
+        self.result = Result(url=url, concurrency=concurrency, elapsed=0.0)
+        self.selector = selectors.DefaultSelector()
+        self.watched: dict[LoadConnection, tuple[socket.socket, int]] = {}
+        self.sent = self.errors = 0
+        self.began = time.perf_counter()
+        self.until = self.began + duration if duration is not None else float("inf")
+        self.probe = PROBE if requests is None or requests > PROBE else 0  # a short run just ends
+        self.refused = ""  # why the first answers say the request is wrong, when they all do
+
+    def drive(self, conns: list[LoadConnection]) -> None:
+        for conn in conns:
+            self._next(conn)
+        while self.watched:
+            for key, _ in self.selector.select():
+                conn = key.data
+                try:
+                    whole = conn.advance()
+                except (OSError, ValueError) as exc:
+                    self._failed(conn, exc)
+                    self._next(conn)
+                    continue
+                if whole:
+                    self._answered(conn)
+                    self._next(conn)
+                else:
+                    self._watch(conn)
+        self.result.elapsed = time.perf_counter() - self.began
+
+    def _next(self, conn: LoadConnection) -> None:
+        """Send ``conn``'s next request, or retire it when the run is over."""
+        while (
+            (self.requests is None or self.sent < self.requests)
+            and time.perf_counter() < self.until
+            and not self.refused
+        ):
+            self.sent += 1
+            try:
+                conn.start(self.data, time.perf_counter())
+            except OSError as exc:
+                self._failed(conn, exc)
+                continue
+            self._watch(conn)
+            return
+        self._unwatch(conn)
+        conn.close()
+
+    def _answered(self, conn: LoadConnection) -> None:
+        answer = conn.answer
+        assert answer is not None
+        kind, message = _error(answer.status, bytes(answer.body), answer.stream)
+        self._sample(answer.t0, answer.status, kind, answer.first)
+        samples = self.result.samples
+        if len(samples) == self.probe and _all_refused(samples[: self.probe]):
+            self.refused = f"{answer.status} {kind}: {message}"
+
+    def _failed(self, conn: LoadConnection, exc: Exception) -> None:
+        if not self.result.samples and isinstance(exc, ConnectionRefusedError):
+            raise BenchError(f"cannot connect to {self.url}: connection refused") from None
+        self._unwatch(conn)
+        conn.close()
+        self._sample(conn.answer.t0 if conn.answer else time.perf_counter(), 0, "connection", None)
+
+    def _sample(self, t0: float, status: int, kind: str, first: float | None) -> None:
+        now = time.perf_counter()
+        self.result.samples.append(Sample(t0 - self.began, now - t0, first, status, kind))
+        self.errors += bool(kind)
+        if self.progress is not None:
+            self.progress(len(self.result.samples), self.errors)
+
+    def _watch(self, conn: LoadConnection) -> None:
+        """Have the selector wait for what ``conn`` waits for (a socket may be new)."""
+        assert conn.sock is not None
+        watched = self.watched.get(conn)
+        if watched == (conn.sock, conn.want):
+            return
+        if watched is not None and watched[0] is conn.sock:
+            self.selector.modify(conn.sock, conn.want, conn)
+        else:
+            self._unwatch(conn)
+            self.selector.register(conn.sock, conn.want, conn)
+        self.watched[conn] = (conn.sock, conn.want)
+
+    def _unwatch(self, conn: LoadConnection) -> None:
+        watched = self.watched.pop(conn, None)
+        if watched is not None:
+            try:
+                self.selector.unregister(watched[0])
+            except (KeyError, ValueError):
+                pass
 
 
 def _all_refused(samples: list[Sample]) -> bool:
@@ -370,17 +398,15 @@ def main(args: Any) -> int:
                     task, completed=min(args.duration, time.perf_counter() - began), errors=errors
                 )
 
-        result = asyncio.run(
-            run_bench(
-                args.url.rstrip("/"),
-                path,
-                body,
-                concurrency=args.concurrency,
-                requests=args.requests,
-                duration=args.duration,
-                stream=args.stream,
-                progress=progress,
-            )
+        result = run_bench(
+            args.url.rstrip("/"),
+            path,
+            body,
+            concurrency=args.concurrency,
+            requests=args.requests,
+            duration=args.duration,
+            stream=args.stream,
+            progress=progress,
         )
     summary = result.summary()
     if args.plot:

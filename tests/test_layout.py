@@ -177,7 +177,7 @@ def test_modules_and_functions_stay_small_and_nothing_cleans_up_in_del() -> None
 def test_one_module_besides_the_seam_names_the_event_loop() -> None:
     """bls/loop.py owns every asyncio/trio difference; the HTTP server runner (which
     server runs on which loop) is the only other module that names a backend. (bls bench's
-    load generator, bls/loadgen.py, is an asyncio program of its own, on no bls loop.)"""
+    load generator runs on a plain selector, bls/loadconn.py.)"""
     naming = []
     for folder in ("bls", "transport"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -186,4 +186,4 @@ def test_one_module_besides_the_seam_names_the_event_loop() -> None:
             names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
             if names & {"asyncio", "trio", "sniffio"}:
                 naming.append(str(path.relative_to(ROOT)))
-    assert sorted(naming) == ["bls/loadgen.py", "bls/loop.py", "bls/serve/server.py"], naming
+    assert sorted(naming) == ["bls/loop.py", "bls/serve/server.py"], naming

@@ -1,15 +1,20 @@
-"""`bls bench` against a real `bls serve`: counts, latencies, streams, errors, the plot."""
+"""`bls bench` against a real `bls serve`: counts, latencies, streams, errors, the plot;
+and against an HTTPS server (the standard library's, over TLS)."""
 
 from __future__ import annotations
 
 import json
 import socket
+import ssl
+import subprocess
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from .cli import run_bls
+from .cli import bls_env, run_bls
 from .procs import Proc, serving
 
 SERVED = "tests/e2e/served/served.py"
@@ -95,3 +100,64 @@ def test_a_server_that_is_not_there_is_named_and_stops_the_run() -> None:
     out = run_bls("bench", url, "--entry", "greet", "--input", "{}", "-c", "4", "-n", "50")
     assert out.returncode == 1 and out.stdout == ""
     assert f"cannot connect to {url}: connection refused" in out.stderr
+
+
+class _Answers(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+    connections: list[str] = []
+
+    def setup(self) -> None:
+        super().setup()
+        self.connections.append(self.client_address[0])
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "11")
+        self.end_headers()
+        self.wfile.write(b'{"ok":true}')
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def https_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """An HTTPS server on a self-signed certificate for 127.0.0.1: its URL, the cert."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Answers.connections.clear()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", cert
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_an_https_server_is_driven_over_tls_and_its_certificate_checked(
+    https_server: tuple[str, Path],
+) -> None:
+    url, cert = https_server
+    args = ("bench", url, "--entry", "x", "--input", "{}", "-c", "3", "-n", "60", "--json")
+    out = run_bls(*args, env=bls_env(SSL_CERT_FILE=str(cert)))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["requests"] == summary["ok"] == 60 and summary["errors"] == {}
+    assert len(_Answers.connections) == 3  # one TLS connection each, kept alive
+    out = run_bls(*args)  # the certificate is not trusted: no answer counts as one
+    summary = json.loads(out.stdout)
+    assert out.returncode == 1 and summary["ok"] == 0
+    assert summary["errors"] == {"connection": 60}
