@@ -55,6 +55,7 @@ class Result:
     concurrency: int
     elapsed: float
     samples: list[Sample] = field(default_factory=list)
+    failures: Counter[str] = field(default_factory=Counter)  # why connections failed
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if not s.kind]
@@ -164,11 +165,8 @@ def run_bench(
         for conn in conns:
             conn.close()
         run.selector.close()
-    if run.refused:
-        raise BenchError(
-            f"stopped: the first {PROBE} answers were all the same client error, "
-            f"{run.refused} (check the URL, --entry and --input)"
-        )
+    if run.stopped:
+        raise BenchError(f"stopped: the first {PROBE} {run.stopped}")
     return run.result
 
 
@@ -193,7 +191,7 @@ class _Run:
         self.began = time.perf_counter()
         self.until = self.began + duration if duration is not None else float("inf")
         self.probe = PROBE if requests is None or requests > PROBE else 0  # a short run just ends
-        self.refused = ""  # why the first answers say the request is wrong, when they all do
+        self.stopped = ""  # why the first answers say that going on measures nothing
 
     def drive(self, conns: list[LoadConnection]) -> None:
         for conn in conns:
@@ -219,7 +217,7 @@ class _Run:
         while (
             (self.requests is None or self.sent < self.requests)
             and time.perf_counter() < self.until
-            and not self.refused
+            and not self.stopped
         ):
             self.sent += 1
             try:
@@ -239,14 +237,22 @@ class _Run:
         self._sample(answer.t0, answer.status, kind, answer.first)
         samples = self.result.samples
         if len(samples) == self.probe and _all_refused(samples[: self.probe]):
-            self.refused = f"{answer.status} {kind}: {message}"
+            self.stopped = (
+                f"answers were all the same client error, {answer.status} {kind}: {message} "
+                "(check the URL, --entry and --input)"
+            )
 
     def _failed(self, conn: LoadConnection, exc: Exception) -> None:
         if not self.result.samples and isinstance(exc, ConnectionRefusedError):
             raise BenchError(f"cannot connect to {self.url}: connection refused") from None
         self._unwatch(conn)
         conn.close()
+        reason = getattr(exc, "strerror", None) or str(exc)  # SSLError: its strerror, too
+        self.result.failures[reason] += 1
         self._sample(conn.answer.t0 if conn.answer else time.perf_counter(), 0, "connection", None)
+        failures = self.result.failures
+        if len(self.result.samples) == self.probe == failures[reason]:
+            self.stopped = f"requests all failed to connect: {reason}"
 
     def _sample(self, t0: float, status: int, kind: str, first: float | None) -> None:
         now = time.perf_counter()
@@ -408,6 +414,8 @@ def main(args: Any) -> int:
             stream=args.stream,
             progress=progress,
         )
+    for reason, count in result.failures.most_common():
+        print(f"bls bench: {count} connection errors: {reason}", file=sys.stderr)
     summary = result.summary()
     if args.plot:
         plot(result, args.plot)

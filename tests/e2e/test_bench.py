@@ -157,7 +157,13 @@ def test_an_https_server_is_driven_over_tls_and_its_certificate_checked(
     summary = json.loads(out.stdout)
     assert summary["requests"] == summary["ok"] == 60 and summary["errors"] == {}
     assert len(_Answers.connections) == 3  # one TLS connection each, kept alive
-    out = run_bls(*args)  # the certificate is not trusted: no answer counts as one
-    summary = json.loads(out.stdout)
-    assert out.returncode == 1 and summary["ok"] == 0
-    assert summary["errors"] == {"connection": 60}
+    # The certificate is not trusted: a short run counts the failures and says why; a
+    # longer one stops once its first requests have all failed the same way.
+    out = run_bls("bench", url, "--entry", "x", "--input", "{}", "-n", "5", "--json")
+    assert out.returncode == 1 and json.loads(out.stdout)["errors"] == {"connection": 5}
+    assert "bls bench: 5 connection errors: [SSL: CERTIFICATE_VERIFY_FAILED]" in out.stderr
+    out = run_bls(*args)
+    assert out.returncode == 1 and out.stdout == ""
+    assert "stopped: the first 20 requests all failed to connect: [SSL: CERTIFICATE_VERIFY" in (
+        out.stderr
+    )
