@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import selectors
 import socket
 import ssl
 import statistics
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +35,7 @@ __all__ = ["BenchError", "Result", "Sample", "run_bench"]
 
 
 PROBE = 20  # answers looked at before going on: all the same client error stops the run
+PAUSE = 0.01  # seconds a connection that failed waits before it connects again
 
 
 class BenchError(UsageError):
@@ -156,6 +158,7 @@ def run_bench(
         )[0]
     except OSError as exc:
         raise BenchError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+    _open_files_for(concurrency)
     data = request_bytes(url, path, body, stream)
     run = _Run(url, data, concurrency, requests, duration, progress)
     conns = [LoadConnection(address, family, parts.hostname, tls) for _ in range(concurrency)]
@@ -168,6 +171,20 @@ def run_bench(
     if run.stopped:
         raise BenchError(f"stopped: the first {PROBE} {run.stopped}")
     return run.result
+
+
+def _open_files_for(concurrency: int) -> None:
+    """Raise this process's soft limit on open files to what the connections need."""
+    need = concurrency + 64  # and a few for the process itself
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise BenchError(
+            f"--concurrency {concurrency} needs {need} open files, and this process may "
+            f"open {hard} (ulimit -Hn)"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 class _Run:
@@ -187,6 +204,7 @@ class _Run:
         self.result = Result(url=url, concurrency=concurrency, elapsed=0.0)
         self.selector = selectors.DefaultSelector()
         self.watched: dict[LoadConnection, tuple[socket.socket, int]] = {}
+        self.paused: deque[tuple[float, LoadConnection]] = deque()  # after a failure, until
         self.sent = self.errors = 0
         self.began = time.perf_counter()
         self.until = self.began + duration if duration is not None else float("inf")
@@ -196,39 +214,42 @@ class _Run:
     def drive(self, conns: list[LoadConnection]) -> None:
         for conn in conns:
             self._next(conn)
-        while self.watched:
-            for key, _ in self.selector.select():
+        while self.watched or self.paused:
+            wait = max(0.0, self.paused[0][0] - time.perf_counter()) if self.paused else None
+            for key, _ in self.selector.select(wait):
                 conn = key.data
                 try:
                     whole = conn.advance()
                 except (OSError, ValueError) as exc:
                     self._failed(conn, exc)
-                    self._next(conn)
                     continue
                 if whole:
                     self._answered(conn)
                     self._next(conn)
                 else:
                     self._watch(conn)
+            now = time.perf_counter()
+            while self.paused and self.paused[0][0] <= now:
+                self._next(self.paused.popleft()[1])
         self.result.elapsed = time.perf_counter() - self.began
 
     def _next(self, conn: LoadConnection) -> None:
         """Send ``conn``'s next request, or retire it when the run is over."""
-        while (
-            (self.requests is None or self.sent < self.requests)
-            and time.perf_counter() < self.until
-            and not self.stopped
+        if (
+            (self.requests is not None and self.sent >= self.requests)
+            or time.perf_counter() >= self.until
+            or self.stopped
         ):
-            self.sent += 1
-            try:
-                conn.start(self.data, time.perf_counter())
-            except OSError as exc:
-                self._failed(conn, exc)
-                continue
-            self._watch(conn)
+            self._unwatch(conn)
+            conn.close()
             return
-        self._unwatch(conn)
-        conn.close()
+        self.sent += 1
+        try:
+            conn.start(self.data, time.perf_counter())
+        except OSError as exc:
+            self._failed(conn, exc)
+            return
+        self._watch(conn)
 
     def _answered(self, conn: LoadConnection) -> None:
         answer = conn.answer
@@ -253,6 +274,8 @@ class _Run:
         failures = self.result.failures
         if len(self.result.samples) == self.probe == failures[reason]:
             self.stopped = f"requests all failed to connect: {reason}"
+        # Not at once: a server that is down, or out of files, would be asked in a busy loop.
+        self.paused.append((time.perf_counter() + PAUSE, conn))
 
     def _sample(self, t0: float, status: int, kind: str, first: float | None) -> None:
         now = time.perf_counter()

@@ -4,6 +4,7 @@ and against an HTTPS server (the standard library's, over TLS)."""
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import ssl
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .cli import bls_env, run_bls
+from .cli import BLS, bls_env, run_bls
 from .procs import Proc, serving
 
 SERVED = "tests/e2e/served/served.py"
@@ -167,3 +168,76 @@ def test_an_https_server_is_driven_over_tls_and_its_certificate_checked(
     assert "stopped: the first 20 requests all failed to connect: [SSL: CERTIFICATE_VERIFY" in (
         out.stderr
     )
+
+
+def test_the_open_file_limit_is_raised_for_the_connections_or_named(server: Proc) -> None:
+    def bench_with_files(soft: int, hard: int, concurrency: int) -> subprocess.CompletedProcess:
+        args = ["bench", server.address, "--entry", "greet", "--input", '{"text": "hi"}']
+        return subprocess.run(
+            [BLS, *args, "-c", str(concurrency), "-n", "300", "--json"],
+            capture_output=True, text=True, timeout=120, env=bls_env(),
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)),
+        )  # fmt: skip
+
+    out = bench_with_files(60, 1000, 100)  # 100 connections do not fit in 60 files
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["ok"] == 300 and summary["errors"] == {}
+    out = bench_with_files(100, 100, 200)
+    assert out.returncode == 1 and out.stdout == ""
+    assert "--concurrency 200 needs 264 open files, and this process may open 100" in out.stderr
+
+
+class _HalfAnswering:
+    """A server that reads each request, then answers it (and closes) on every other
+    connection and closes the others without a word."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closing = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        accepted = 0
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(10)
+                data = b""
+                while not data.endswith(b"{}"):  # the head, then the two-byte body
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                if accepted % 2 == 0:
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+                    )
+            accepted += 1
+
+
+def test_a_connection_that_fails_is_counted_with_its_reason_and_retried_after_a_pause() -> None:
+    flaky = _HalfAnswering()
+    flaky.thread.start()
+    try:
+        out = run_bls(
+            "bench", flaky.url, "--entry", "x", "--input", "{}", "-c", "2", "-d", "1", "--json"
+        )
+    finally:
+        flaky.closing.set()
+        flaky.thread.join(timeout=10)
+        flaky.listener.close()
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    failed = summary["errors"]["connection"]
+    assert summary["ok"] > 0 and abs(summary["ok"] - failed) <= 2  # every other one
+    assert f"bls bench: {failed} connection errors: the server closed the connection" in (
+        out.stderr
+    )
+    # Each failure makes its connection wait 10 ms before it connects again.
+    assert failed <= 2 * (summary["elapsed_s"] / 0.01 + 1)
