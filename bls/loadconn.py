@@ -6,8 +6,8 @@ machine: connect, TLS handshake (``https``), send the request, read the answer. 
 thousands of requests a second a library's cost per request would be measured instead of
 the server's; here a request costs one ``send`` and, for a short answer, one ``recv``.
 
-The answer is read as HTTP/1.1 frames it: ``Content-Length``, chunked, or to the end of
-the connection. A streamed answer (SSE or NDJSON) notes when its first item arrived.
+An answer ends where HTTP/1.1 says: after its ``Content-Length``, at its last chunk, or
+with the connection. A streamed answer (SSE or NDJSON) notes when its first item arrived.
 """
 
 from __future__ import annotations
