@@ -235,9 +235,10 @@ class _Run:
 
     def _next(self, conn: LoadConnection) -> None:
         """Send ``conn``'s next request, or retire it when the run is over."""
+        now = time.perf_counter()
         if (
             (self.requests is not None and self.sent >= self.requests)
-            or time.perf_counter() >= self.until
+            or now >= self.until
             or self.stopped
         ):
             self._unwatch(conn)
@@ -245,7 +246,7 @@ class _Run:
             return
         self.sent += 1
         try:
-            conn.start(self.data, time.perf_counter())
+            conn.start(self.data, now)
         except OSError as exc:
             self._failed(conn, exc)
             return
@@ -269,9 +270,9 @@ class _Run:
         self._unwatch(conn)
         conn.close()
         reason = getattr(exc, "strerror", None) or str(exc)  # SSLError: its strerror, too
-        self.result.failures[reason] += 1
-        self._sample(conn.answer.t0 if conn.answer else time.perf_counter(), 0, "connection", None)
         failures = self.result.failures
+        failures[reason] += 1
+        self._sample(conn.answer.t0 if conn.answer else time.perf_counter(), 0, "connection", None)
         if len(self.result.samples) == self.probe == failures[reason]:
             self.stopped = f"requests all failed to connect: {reason}"
         # Not at once: a server that is down, or out of files, would be asked in a busy loop.
