@@ -272,7 +272,8 @@ class _Run:
         reason = getattr(exc, "strerror", None) or str(exc)  # SSLError: its strerror, too
         failures = self.result.failures
         failures[reason] += 1
-        self._sample(conn.answer.t0 if conn.answer else time.perf_counter(), 0, "connection", None)
+        assert conn.answer is not None  # (start() makes the answer before it connects)
+        self._sample(conn.answer.t0, 0, "connection", None)
         if len(self.result.samples) == self.probe == failures[reason]:
             self.stopped = f"requests all failed to connect: {reason}"
         # Not at once: a server that is down, or out of files, would be asked in a busy loop.
