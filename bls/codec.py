@@ -18,11 +18,12 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["INLINE_MAX", "Codec"]
+__all__ = ["EXTENSIONS", "INLINE_MAX", "Codec"]
 
 INLINE_MAX = 1024  # arrays up to this many bytes travel inside the payload
 _EXT_NDARRAY = 1
 _EXT_TENSOR = 2
+EXTENSIONS = (_EXT_NDARRAY, _EXT_TENSOR)  # the msgpack extension codes a payload may hold
 
 
 def _loaded(module: str) -> Any:
@@ -90,7 +91,7 @@ class Codec:
             self._in = ()
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:
-        if code not in (_EXT_NDARRAY, _EXT_TENSOR):
+        if code not in EXTENSIONS:
             raise ValueError(f"unknown extension type {code}")
         if code == _EXT_TENSOR:
             _loaded("torch")

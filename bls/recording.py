@@ -2,7 +2,8 @@
 the request each stage got, each item or the result it gave, its error, and when.
 
 ``bls run --record FILE`` and ``bls serve --record DIR`` keep one :class:`Record` per
-request (in DIR, one file per request, named by its id); ``bls replay`` and
+request (in DIR, one file per request, named by its id, written by
+:mod:`bls.record_writer`); ``bls replay`` and
 :func:`bls.testing.replay` run the script again with every stage answered from it
 (:mod:`bls.replay`). The file is msgspec-msgpack of :class:`Record` (its ``format`` says
 which layout; values are :mod:`bls.codec` payloads, arrays and tensors inline), so any
@@ -14,12 +15,8 @@ that keeps one.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
-import os
-import struct
-import sys
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from importlib.metadata import PackageNotFoundError, version
@@ -27,29 +24,25 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import msgspec
 
 from .bindings import Binding, Wrapper
-from .codec import Codec
+from .codec import EXTENSIONS, Codec
 from .errors import DeadlineExceeded, InvalidRequest, StageError
 from .scope import NO_CONTEXT, CallContext
+from .typenames import TypeRef, malformed, ref_of
 
 __all__ = [
     "FORMAT",
     "Record",
     "RecordError",
-    "RecordWriter",
     "RecordedCall",
     "RecordedError",
     "Recorder",
     "RecordingBinding",
     "dump",
     "load",
-    "write_files",
 ]
-
-log = logging.getLogger("bls")
 
 
 def _version() -> str:
@@ -84,6 +77,9 @@ class RecordedCall(msgspec.Struct, kw_only=True):
     error: RecordedError | None = None
     start: float  # seconds after the request began
     end: float = 0.0
+    # The type the script got the result (each item) in, as the binding converted it
+    # (None: the wire's builtins); a replay hands them over in it again.
+    result_type: TypeRef | None = None
 
 
 class Record(msgspec.Struct, kw_only=True):
@@ -162,9 +158,15 @@ class Recorder:
 
     # its stage calls
 
-    def call(self, stage: str, streaming: bool, req: Any) -> RecordedCall:
+    def call(self, stage: str, streaming: bool, req: Any, result_type: Any = Any) -> RecordedCall:
+        """A stage call begins: the request the script passed, and ``result_type``, what
+        the binding converts its result (items) to."""
         call = RecordedCall(
-            stage=stage, streaming=streaming, request=encode_value(req), start=self._now()
+            stage=stage,
+            streaming=streaming,
+            request=encode_value(req),
+            start=self._now(),
+            result_type=ref_of(result_type),
         )
         self.record.calls.append(call)
         return call
@@ -197,7 +199,7 @@ class RecordingBinding(Wrapper):
         recorder: Recorder | None = ctx.record
         if recorder is None:
             return await self.inner.invoke(req, ctx)
-        call = recorder.call(self.name, False, req)
+        call = recorder.call(self.name, False, req, self.result_type)
         try:
             result = await self.inner.invoke(req, ctx)
         except BaseException as exc:
@@ -220,7 +222,7 @@ class RecordingBinding(Wrapper):
 async def _recorded(
     inner: Binding, req: Any, ctx: CallContext, recorder: Recorder
 ) -> AsyncIterator[Any]:
-    call = recorder.call(inner.name, True, req)
+    call = recorder.call(inner.name, True, req, inner.result_type)
     items = inner.stream(req, ctx)
     try:
         async for item in items:
@@ -269,7 +271,9 @@ def dump(record: Record) -> bytes:
 
 
 def load(data: bytes, source: str = "the record") -> Record:
-    """A :class:`Record` from its bytes; :class:`RecordError` saying what is wrong."""
+    """A :class:`Record` from its bytes; :class:`RecordError` saying what is wrong (the
+    field, for a record that decodes but cannot be what bls wrote: a time that is not
+    one, a unary call without its result, a value that is not a payload)."""
     try:
         record = _record_decoder.decode(data)
     except msgspec.ValidationError as exc:  # (a DecodeError too: first)
@@ -283,11 +287,74 @@ def load(data: bytes, source: str = "the record") -> Record:
         if "truncated" in str(exc):
             raise RecordError(f"{source} is truncated ({len(data)} bytes)") from None
         raise RecordError(f"{source} is not a bls record: {exc}") from None
+    except RecursionError:
+        raise RecordError(f"{source} is not a bls record: it is nested too deep") from None
     if record.format != FORMAT:
         raise RecordError(
             f"{source} is in record format {record.format}; this bls ({__version__}) reads {FORMAT}"
         )
+    problem = _problem(record)
+    if problem is not None:
+        raise RecordError(f"{source} is not a bls record: {problem}")
     return record
+
+
+MAX_SECONDS = 7 * 24 * 3600.0  # the longest request a record may hold
+# Values nested deeper than this are not replayed (a request may nest 100 levels; a
+# stage's result a little more; deeper ones are a hostile file's, which would exhaust the
+# stack of whatever walks them).
+MAX_NESTING = 256
+
+
+def _problem(record: Record) -> str | None:
+    """What makes a decoded record one bls cannot have written, naming the field; None
+    when it is sound. The payloads' bytes are checked as msgpack here; what they hold (an
+    array's bytes, say) is checked as the replay decodes them."""
+    if not (math.isfinite(record.started) and 0 <= record.duration <= MAX_SECONDS):
+        return f"duration {record.duration!r} (started {record.started!r}) is not a time"
+    payloads = [("request", record.request)] if record.request else []
+    payloads += [(f"items[{i}]", item) for i, item in enumerate(record.items)]
+    for n, call in enumerate(record.calls):
+        at = f"calls[{n}]"
+        if not (
+            0 <= call.start <= MAX_SECONDS
+            and (call.end == 0 or call.start <= call.end <= MAX_SECONDS)
+        ):
+            return f"{at}: start {call.start!r}, end {call.end!r}: not the times of a call"
+        if not call.streaming and call.error is None and len(call.items) != 1:
+            return f"{at}: a unary call of stage {call.stage!r} with {len(call.items)} results"
+        if call.result_type is not None and (problem := malformed(call.result_type)):
+            return f"{at}.result_type: {problem}"
+        payloads.append((f"{at}.request", call.request))
+        payloads += [(f"{at}.items[{i}]", item) for i, item in enumerate(call.items)]
+    for at, payload in payloads:
+        problem = payload_problem(payload)
+        if problem is not None:
+            return f"{at}: {problem}"
+    return None
+
+
+def payload_problem(payload: bytes) -> str | None:
+    """Why ``payload`` cannot be a value bls encoded (see :mod:`bls.codec`), or None."""
+    try:
+        value = msgspec.msgpack.decode(payload)
+    except RecursionError:
+        return "nested too deep"
+    except msgspec.DecodeError as exc:
+        return str(exc)
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return f"nested deeper than {MAX_NESTING} levels"
+        if isinstance(v, msgspec.msgpack.Ext):
+            if v.code not in EXTENSIONS:
+                return f"unknown extension type {v.code}"
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+    return None
 
 
 def _format_of(data: bytes) -> int | None:
@@ -297,101 +364,3 @@ def _format_of(data: bytes) -> int | None:
         return None
     fmt = value.get("format") if isinstance(value, dict) else None
     return fmt if isinstance(fmt, int) else None
-
-
-class RecordWriter:
-    """Writes records into a directory, one file per request (``ID.blsrec``), from a
-    process of its own (running :func:`write_files`): creating a file costs more CPU
-    than serving a request on some file systems, and none of it is spent in the serving
-    process or holds its interpreter lock. The request's path only encodes the record
-    and queues it; a task pipes what is queued to the writer in batches. At most
-    ``backlog`` records wait; past that one is dropped, logged and counted
-    (:attr:`dropped`), rather than a request held up by a slow disk.
-
-    ``async with RecordWriter(folder, script) as records:`` — leaving sends what is
-    queued and waits for the writer to finish writing it."""
-
-    def __init__(self, folder: str | Path, script: str | Path, backlog: int = 10_000) -> None:
-        self.script = Path(script)  # the script whose requests are recorded
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.sent = 0  # records handed to the writer process
-        self.dropped = 0
-        self._send, self._queued = anyio.create_memory_object_stream[bytes](backlog)
-        self._stack = contextlib.AsyncExitStack()
-
-    def write(self, name: str, record: Record) -> None:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:128].encode()
-        data = dump(record)
-        try:
-            self._send.send_nowait(_FRAME.pack(len(safe), len(data)) + safe + data)
-        except anyio.WouldBlock:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning(
-                    "recording: the disk does not keep up; %d record(s) dropped", self.dropped
-                )
-
-    async def __aenter__(self) -> RecordWriter:
-        code = "import sys; from bls.recording import write_files; write_files(sys.argv[1])"
-        argv = [sys.executable, "-c", code, str(self.folder)]
-        # Its own session: a Ctrl-C at the terminal stops the server, which then closes
-        # the writer's input; the writer finishes what it was sent.
-        process = await anyio.open_process(argv, stdout=None, stderr=None, start_new_session=True)
-        self._stack.push_async_callback(_finished, process)
-        tg = await self._stack.enter_async_context(anyio.create_task_group())
-        tg.start_soon(self._pipe, process)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._send.close()  # the pipe sends what is queued, then ends
-        await self._stack.aclose()
-
-    async def _pipe(self, process: anyio.abc.Process) -> None:
-        assert process.stdin is not None
-        async with self._queued, process.stdin:
-            async for frame in self._queued:
-                batch = [frame]
-                with contextlib.suppress(anyio.WouldBlock):
-                    while len(batch) < 256:
-                        batch.append(self._queued.receive_nowait())
-                await process.stdin.send(b"".join(batch))
-                self.sent += len(batch)
-
-
-async def _finished(process: anyio.abc.Process) -> None:
-    """Wait (shielded, bounded) for the writer to write what it was sent."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(60) as waited:
-        await process.wait()
-    if waited.cancelled_caught:
-        log.warning("recording: the writer did not finish in 60 s; stopping it")
-        process.kill()
-        with anyio.CancelScope(shield=True):
-            await process.wait()
-
-
-_FRAME = struct.Struct("<II")  # a record to the writer: name length, record length
-
-
-def write_files(folder: str | Path) -> int:
-    """The writer process: each record on stdin into ``folder/NAME.blsrec``, until
-    stdin ends; how many it wrote."""
-    folder = Path(folder)
-    source = sys.stdin.buffer
-    written = 0
-    while True:
-        head = source.read(_FRAME.size)
-        if len(head) < _FRAME.size:
-            return written
-        name_len, data_len = _FRAME.unpack(head)
-        name = source.read(name_len).decode()
-        data = source.read(data_len)
-        try:
-            fd = os.open(folder / f"{name}.blsrec", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            written += 1
-        except OSError as exc:
-            print(f"bls: recording: cannot write {name}.blsrec: {exc}", file=sys.stderr)

@@ -12,7 +12,9 @@ made side by side (``bls.gather``) started in another order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import importlib.util
+import inspect
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,20 @@ import msgspec
 from .bindings import Binding
 from .entry import Script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
-from .messages import Signature
-from .recording import Record, RecordedCall, RecordedError, decode_value, encode_value, load
+from .messages import Signature, convert, type_name
+from .recording import (
+    Record,
+    RecordedCall,
+    RecordedError,
+    RecordError,
+    decode_value,
+    encode_value,
+    load,
+)
 from .runtime import Runtime
 from .scope import NO_CONTEXT, CallContext
 from .scriptfile import ScriptFile
+from .typenames import resolve
 
 __all__ = ["Divergence", "ReplayBinding", "read", "replay", "replay_file"]
 
@@ -35,10 +46,15 @@ class Divergence(AssertionError):
     """The script no longer does what the record says it did; the message says where."""
 
 
-class _Calls:
-    """What is left of the record's calls, by stage, and how many were made so far."""
+CANCEL_WAIT_MAX = 60.0  # how long a replayed call waits to be cancelled, at most
 
-    def __init__(self, record: Record) -> None:
+
+class _Calls:
+    """What is left of the record's calls, by stage, and how many were made so far;
+    which modules a result's type may be imported from (``importable``)."""
+
+    def __init__(self, record: Record, importable: Callable[[str], bool]) -> None:
+        self.importable = importable
         self.left: dict[str, list[tuple[int, RecordedCall]]] = {}
         for n, call in enumerate(record.calls, 1):
             self.left.setdefault(call.stage, []).append((n, call))
@@ -80,7 +96,9 @@ class _Calls:
 
 
 class ReplayBinding(Binding):
-    """A stage answered from the record (see the module's docstring)."""
+    """A stage answered from the record (see the module's docstring). Its results and
+    items reach the script in the type they had then: the type the script declares for
+    the stage, else the one the record names (what the binding converted them to)."""
 
     def __init__(self, name: str, streaming: bool, calls: _Calls) -> None:
         self.name = name
@@ -88,13 +106,16 @@ class ReplayBinding(Binding):
         self.signature = Signature(request=Any, response=Any, streaming=streaming)
         self._calls = calls
 
+    def result(self, value: Any) -> Any:
+        return value  # (converted as it is taken from the record)
+
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         if self.signature.streaming:
             return await Binding.call(self, req)
         n, recorded = self._calls.take(self.name, req)
         if recorded.error is not None:
             await _fail(n, recorded, self._calls)
-        return decode_value(recorded.items[0])
+        return self._value(n, recorded, 0)
 
     def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
         if not self.signature.streaming:
@@ -103,24 +124,48 @@ class ReplayBinding(Binding):
 
     async def _items(self, req: Any) -> AsyncIterator[Any]:
         n, recorded = self._calls.take(self.name, req)
-        for item in recorded.items:
-            yield decode_value(item)
+        for i in range(len(recorded.items)):
+            yield self._value(n, recorded, i)
         if recorded.error is not None:
             await _fail(n, recorded, self._calls)
+
+    def _value(self, n: int, call: RecordedCall, i: int) -> Any:
+        """Item ``i`` of recorded call ``n`` (its result: 0), in the script's type."""
+        what = f"call {n} (stage {call.stage!r})"
+        try:
+            value = decode_value(call.items[i])
+        except Exception as exc:  # (checked as msgpack when read; an array's bytes here)
+            raise RecordError(f"the record's {what} item {i + 1} does not decode: {exc}") from None
+        tp = self.result_type
+        if tp is Any:
+            try:
+                tp = resolve(call.result_type, self._calls.importable)
+            except LookupError as exc:
+                raise self._calls.diverge(
+                    f"{what}: the script got its result as {exc}: import it in the script"
+                ) from None
+        try:
+            return convert(value, tp)
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise self._calls.diverge(
+                f"{what}: the recorded result is not a {type_name(tp)}: {exc}"
+            ) from None
 
 
 async def _fail(n: int, call: RecordedCall, calls: _Calls) -> None:
     """Raise what the stage raised then. A call that was cancelled then (a race's loser,
     a timeout's) waits to be cancelled again: a divergence if the script has not done so
-    in the time it took then, plus a second and as long again."""
+    in the time it took then, plus a second and as long again (at most
+    :data:`CANCEL_WAIT_MAX`)."""
     error = call.error
     assert error is not None
     if error.kind in ("cancelled", "deadline"):
-        took = call.end - call.start
-        await anyio.sleep(2 * took + 1)
+        took = max(0.0, call.end - call.start)
+        wait = min(2 * took + 1, CANCEL_WAIT_MAX)
+        await anyio.sleep(wait)
         raise calls.diverge(
             f"call {n} (stage {call.stage!r}) was cancelled after {took:.3f}s in the record; "
-            f"the script has not cancelled it after {2 * took + 1:.3f}s"
+            f"the script has not cancelled it after {wait:.3f}s"
         )
     if error.kind == "invalid_request":
         raise InvalidRequest(error.stage, error.message, error.path or "$")
@@ -138,11 +183,14 @@ async def replay(record: Record, entry: Script, declared: Sequence[Any] = ()) ->
     its answers (a unary entry's one result, or a streaming entry's items: those it gave
     before it failed, for a request that failed, and failed the same way again). Raises
     :class:`Divergence` at the first difference."""
-    calls = _Calls(record)
+    calls = _Calls(record, _importable(entry))
     streaming = {h.name: h.signature.streaming for h in declared}
     streaming.update({c.stage: c.streaming for c in record.calls})
     bindings = {n: ReplayBinding(n, s, calls) for n, s in streaming.items()}
-    req = decode_value(record.request)
+    try:
+        req = decode_value(record.request)
+    except Exception as exc:
+        raise RecordError(f"the record's request does not decode: {exc}") from None
     # A request its deadline ended then gets the same deadline again.
     timeout = record.duration if record.error and record.error.kind == "deadline" else None
     answers: list[Any] = []
@@ -192,6 +240,30 @@ def replay_file(path: str | Path, script: str | Path, entry: str | None = None) 
             f"{loaded.path.name} has no entry {name!r} (it has: {', '.join(loaded.entries)})"
         )
     return anyio.run(replay, record, loaded.entries[name], loaded.declared)
+
+
+def _importable(entry: Script) -> Callable[[str], bool]:
+    """Which modules a recorded result's type may be imported from, when the script has
+    not loaded them (a stage's own module, which the record's bindings had loaded): bls's
+    own, and those whose files lie in the script's folder. No other: a record names them,
+    and a record may come from anywhere."""
+    source = inspect.getsourcefile(entry.fn)
+    folder = Path(source).resolve().parent if source else None
+
+    def importable(module: str) -> bool:
+        top = module.partition(".")[0]
+        if top == "bls":
+            return True
+        if folder is None or not top.isidentifier():
+            return False
+        try:
+            spec = importlib.util.find_spec(top)  # (a top-level name: nothing is run)
+        except (ImportError, ValueError):
+            return False
+        origin = spec.origin if spec is not None else None
+        return origin is not None and Path(origin).resolve().is_relative_to(folder)
+
+    return importable
 
 
 def _same_error(record: Record, exc: Exception) -> None:

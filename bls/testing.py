@@ -45,9 +45,10 @@ from .bindings import Binding, worker_error
 from .cache import CachedBinding, CacheOptions
 from .check import find_stage_uses, typed_handles
 from .entry import Script
-from .errors import DeadlineExceeded, InvalidRequest, StageNotBound
-from .messages import Signature, convert, field_hint, type_name
+from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .messages import Signature, convert, field_hint, signature_of, type_name
 from .models.fakellm import FakeLLM, FakeOptions
+from .recording import Record
 from .replay import Divergence, ordinal, read
 from .replay import replay as _replay
 from .runtime import Runtime
@@ -190,17 +191,34 @@ async def client(script: str | Path, **limits: Any) -> AsyncIterator[httpx.Async
             yield http
 
 
-async def replay(path: str | Path, entry: Script | None = None) -> list[Any]:
+async def replay(path: str | Path, entry: Script | None = None) -> Any:
     """Run the recorded request in ``path`` again, every stage answered from the record,
     through ``entry`` (default: the entry the record names, in the script file it was
-    recorded from): its answers (a unary entry's one result, or the items). Raises
-    :class:`Divergence` (an AssertionError) naming the first difference."""
+    recorded from): what :func:`call` returns, a unary entry's result or the list of a
+    streaming entry's items. Raises :class:`Divergence` (an AssertionError) naming the
+    first difference; a request that failed in the record fails the same way again."""
     record = read(path)
     if entry is None:
         loaded = ScriptFile(record.path or record.script, configured=False)
         entry = loaded.entry(record.entry)
     module = inspect.getmodule(entry.fn)
-    return await _replay(record, entry, typed_handles(module) if module else [])
+    answers = await _replay(record, entry, typed_handles(module) if module else [])
+    if entry.streaming:
+        return answers
+    if record.error is not None:  # (it failed as recorded: _replay checked that)
+        raise _recorded_failure(record)
+    return answers[0]
+
+
+def _recorded_failure(record: Record) -> Exception:
+    """The error a unary request failed with in the record, as :func:`call` raises it."""
+    error = record.error
+    assert error is not None
+    if error.kind == "deadline":
+        return DeadlineExceeded(error.message)
+    if error.kind == "invalid_request":
+        return InvalidRequest(error.stage, error.message, error.path or "$")
+    return StageError(error.stage, error.kind, error.message)
 
 
 # -- the runtime of fakes ---------------------------------------------------------------
@@ -225,7 +243,7 @@ def _runtime(fakes: _Fakes, module: Any, source: str | None) -> Runtime:
         sig = declared.get(name)
         streaming = sig.streaming if sig else used.get(name, _streams(fakes.stages.get(name)))
         if sig is None:
-            sig = Signature(request=Any, response=Any, streaming=streaming)
+            sig = _inferred(fakes.stages.get(name), streaming)
         if name in fakes.stages:
             bindings[name] = fakes.binding(name, sig)
         else:
@@ -235,6 +253,42 @@ def _runtime(fakes: _Fakes, module: Any, source: str | None) -> Runtime:
 
 def _streams(spec: Any) -> bool:
     return inspect.isasyncgenfunction(spec.spec if isinstance(spec, cached) else spec)
+
+
+def _inferred(spec: Any, streaming: bool) -> Signature:
+    """The types of a stage no typed handle declares, from its fake, as an inline stage
+    has them from its function: a function's annotations; a value's own type (the common
+    type of a list's values, exceptions aside). What it cannot tell is ``Any``: a request
+    then arrives, and a result leaves, as the wire's builtins."""
+    spec = spec.spec if isinstance(spec, cached) else spec
+    if callable(spec) and not isinstance(spec, type):
+        try:
+            found = signature_of(spec)
+        except (TypeError, ValueError):  # a callable with no signature to read
+            return Signature(request=Any, response=Any, streaming=streaming)
+        request, response = (_named(t) for t in (found.request, found.response))
+        return Signature(request=request, response=response, streaming=streaming)
+    if isinstance(spec, each):
+        values = [v for answer in spec.answers for v in _listed(answer)]
+    else:
+        values = _listed(spec)
+    kinds = {type(v) for v in values if not isinstance(v, BaseException)}
+    response = kinds.pop() if len(kinds) == 1 else Any
+    if not (isinstance(response, type) and issubclass(response, msgspec.Struct)):
+        response = Any  # (a str stays a str as builtins; a dict, a dict)
+    return Signature(request=Any, response=response, streaming=streaming)
+
+
+def _named(tp: Any) -> Any:
+    """An annotation as a type; one left a string (a name the fake's module cannot
+    resolve, under ``from __future__ import annotations``) as ``Any``."""
+    return Any if isinstance(tp, str) else tp
+
+
+def _listed(answer: Any) -> list[Any]:
+    if isinstance(answer, Sequence) and not isinstance(answer, (str, bytes)):
+        return list(answer)
+    return [answer]
 
 
 def _unfaked(stage: str, fakes: _Fakes) -> StageNotBound:

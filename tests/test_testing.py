@@ -252,3 +252,64 @@ async def test_testing_replay_runs_a_recorded_request_again(tmp_path: Path) -> N
 
     assert await testing.replay(tmp_path / "r.blsrec") == answer == ["h", "i"]
     assert await testing.replay(tmp_path / "r.blsrec", app.entry("spell")) == answer
+
+
+async def test_testing_replay_of_a_unary_entry_returns_what_call_returns(tmp_path: Path) -> None:
+    app = ScriptFile(UNTYPED, record=True)
+    for text, name in (("red fox", "ok.blsrec"), ("", "failed.blsrec")):
+        recorder = Recorder(app.path)
+        async with app.runtime() as rt, RequestScope("test", record=recorder):
+            try:
+                answer = await rt.run(app.entry("tag"), {"text": text})
+            except bls.StageError:
+                pass
+        (tmp_path / name).write_bytes(dump(recorder.finish()))
+    assert await testing.replay(tmp_path / "ok.blsrec") == answer
+    assert isinstance(answer, tagger.Tagged)
+    with pytest.raises(bls.StageError) as failed:  # "".split()[0]: the topic stage fails
+        await testing.replay(tmp_path / "failed.blsrec")
+    assert (failed.value.stage, failed.value.kind) == ("topic", "IndexError")
+
+
+# -- an untyped script (the README's style): fakes hand it what the real stages do -------
+
+UNTYPED = Path(__file__).parent / "e2e" / "untyped" / "tagger.py"
+tagger = ScriptFile(UNTYPED, configured=False).module
+import tagger_stages as st  # noqa: E402  (beside the script, which put its folder on the path)
+
+
+async def test_an_untyped_script_gets_the_same_values_from_fakes_as_from_its_stages() -> None:
+    app = ScriptFile(UNTYPED)
+    tag = app.entry("tag")
+    async with app.runtime() as rt:
+        live = await rt.run(tag, {"text": "red fox"})
+
+    got: list[object] = []
+
+    def label(req: st.LabelRequest) -> st.Label:  # a fake typed as the real stage is
+        got.append(req)
+        return st.Label(name=f"{req.topic}:{len(req.text)}", score=len(req.text) / 10)
+
+    fakes = {
+        "topic": st.topic,  # the real function, as a fake
+        "label": label,
+        "words": [st.Word(text="RED"), st.Word(text="FOX")],
+    }
+    with testing.fake(fakes) as calls:
+        faked = await testing.call(tag, {"text": "red fox"})
+    assert faked == live
+    assert isinstance(calls["topic"][0].request, tagger.Topic)
+    assert got == [st.LabelRequest(text="red fox", topic="red-topic")]  # a struct, not a dict
+
+    with testing.fake({**fakes, "label": st.Label(name="red-topic:7", score=0.7)}):
+        assert await testing.call(tag, {"text": "red fox"}) == live  # a value fake's type
+
+
+async def test_an_untyped_fake_without_types_hands_over_builtins_as_an_untyped_stage() -> None:
+    def label(req):  # type: ignore[no-untyped-def]  # no annotation: the wire's builtins
+        assert req == {"text": "red fox", "topic": "red-topic"}
+        return {"name": "n", "score": 1.0}
+
+    with testing.fake({"topic": st.topic, "label": label, "words": []}):
+        with pytest.raises(AttributeError, match="'dict' object has no attribute 'name'"):
+            await testing.call(tagger.tag, {"text": "red fox"})

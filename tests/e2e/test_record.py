@@ -4,7 +4,9 @@ client goes away and taking tensors as prompts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -14,8 +16,8 @@ import pytest
 import bls
 from bls.replay import read
 
-from .cli import ROOT, run_bls
-from .procs import serving, wait_for, worker
+from .cli import BLS, ROOT, run_bls
+from .procs import serving, start, stop, wait_for, worker
 
 HELLO = "examples/hello.py"
 SERVED = "tests/e2e/served/served.py"
@@ -161,3 +163,161 @@ async def test_fakellm_behind_bls_worker_takes_prompt_embeddings_as_tensors() ->
     assert all(isinstance(item, GenerateItem) for item in items) and len(items) == 3
     assert items[0].prompt_tokens == 3 and items[-1].finish_reason == "length"
     assert [i.token_ids for i in items] == [i.token_ids for i in same]  # from the values
+
+
+# -- the record writer of `bls serve --record`: it may die or stall; serving goes on ----
+
+
+def _writer_of(server_pid: int) -> int | None:
+    """The pid of a `bls serve`'s record writer process (its child running write_files),
+    None while it has none."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == server_pid and b"write_files" in cmdline:
+            return int(entry.name)
+    return None
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_killing_the_record_writer_never_stops_serving(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    with serving(SERVED, "--record", str(records)) as server:
+        first = _writer_of(server.pid)
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        with httpx.Client(base_url=server.address, timeout=30) as http:  # a new client
+            codes = [http.post("/v1/scripts/greet", json={"text": f"{i}"}).status_code
+                     for i in range(50)]  # fmt: skip
+        assert codes == [200] * 50, server.log()
+        wait_for(lambda: "the writer process died (signal 9)" in server.log(), timeout=15)
+        wait_for(lambda: _writer_of(server.pid) not in (None, first), timeout=15)  # another
+        with httpx.Client(base_url=server.address, timeout=30) as http:
+            assert http.post("/v1/scripts/greet", json={"text": "after"}).status_code == 200
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0, server.log()
+    files = list(records.glob("*.blsrec"))
+    assert files and all(read(f).entry == "greet" for f in files)  # each one whole
+    closing = next(line for line in server.lines if "recorded " in line)
+    assert f"recorded {len(files)} request(s) in {records}" in closing
+
+
+def test_a_stalled_writer_holds_up_neither_requests_nor_memory_nor_the_drain(
+    tmp_path: Path,
+) -> None:
+    records = tmp_path / "records"
+    with serving(SERVED, "--record", str(records), "--grace", "2") as server:
+        writer = _writer_of(server.pid)
+        assert writer is not None
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            big = "x" * (1 << 20)
+            with httpx.Client(base_url=server.address, timeout=30) as http:
+                http.post("/v1/scripts/greet", json={"text": big})  # (warm)
+                before = _rss_mb(server.pid)
+                codes = [http.post("/v1/scripts/greet", json={"text": big}).status_code
+                         for _ in range(150)]  # fmt: skip
+                grown = _rss_mb(server.pid) - before
+            assert codes == [200] * 150
+            # 150 records of 2 MiB each were made; at most 64 MiB of them wait.
+            assert grown < 150, f"grew {grown:.0f} MB"
+            assert "record(s) dropped" in server.log()
+            server.signal(signal.SIGTERM)
+            assert server.wait(timeout=30) == 0, server.log()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(writer, signal.SIGKILL)
+    assert "the writer did not finish in 2s; stopping it" in server.log()
+    closing = next(line for line in server.lines if "recorded " in line)
+    assert "dropped: the writer did not keep up" in closing
+    assert "lost with a writer that died or was stopped" in closing
+
+
+def test_records_the_disk_cannot_hold_are_never_left_truncated(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    # A file size limit of 3,000 bytes, inherited by the writer process.
+    limited = ["prlimit", "--fsize=3000", BLS]
+    proc = start(["serve", SERVED, "--port", "0", "--record", str(records)], program=limited)
+    try:
+        with httpx.Client(base_url=proc.address, timeout=30) as http:
+            small = http.post("/v1/scripts/greet", json={"text": "x"})
+            large = http.post("/v1/scripts/greet", json={"text": "y" * 5000})
+        assert (small.status_code, large.status_code) == (200, 200)
+        wait_for(lambda: "cannot write" in proc.log(), timeout=15)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0, proc.log()
+    finally:
+        stop(proc.popen)
+    files = list(records.glob("*.blsrec"))
+    assert len(files) == 1 and read(files[0]).items  # the small one, whole
+    assert "File too large" in proc.log()
+    assert f"recorded 1 request(s) in {records} (1 failed to write)" in proc.log()
+
+
+def test_a_record_folder_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    done = run_bls("serve", SERVED, "--port", "0", "--record", str(blocker / "records"))
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().endswith(
+        f"error: --record {blocker / 'records'}: cannot write records there: Not a directory"
+    ), done.stderr
+
+
+# -- an untyped script replays to what it answered live ----------------------------------
+
+UNTYPED = "tests/e2e/untyped/tagger.py"
+
+
+def test_an_untyped_script_replays_with_the_values_its_stages_gave(tmp_path: Path) -> None:
+    record = tmp_path / "tag.blsrec"
+    ask = '{"text": "red fox jumps"}'
+    ran = run_bls("run", UNTYPED, "--input", ask, "--record", str(record))
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["words"] == ["RED", "FOX", "JUMPS"]
+    # A fresh process, no bls.toml: the stages' own module holds the results' types.
+    replayed = run_bls("replay", str(record), UNTYPED)
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout == ran.stdout
+
+    with worker("tests/e2e/untyped/tagger_stages.py:label") as label:  # one stage remote
+        remote = tmp_path / "remote.blsrec"
+        bind = f"label={label.address}"
+        ran = run_bls("run", UNTYPED, "--input", ask, "--record", str(remote), "--bind", bind)
+        assert ran.returncode == 0, ran.stderr
+    replayed = run_bls("replay", str(remote), UNTYPED)
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout == ran.stdout
+
+
+def test_a_record_naming_a_type_from_elsewhere_never_imports_it(tmp_path: Path) -> None:
+    record = tmp_path / "tag.blsrec"
+    assert (
+        run_bls("run", UNTYPED, "--input", '{"text": "a b"}', "--record", str(record)).returncode
+        == 0
+    )
+    from bls.recording import dump, load
+    from bls.typenames import TypeRef
+
+    rec = load(record.read_bytes())
+    rec.calls[0].result_type = TypeRef("antigravity:Named")  # a module that does things
+    record.write_bytes(dump(rec))
+    replayed = run_bls("replay", str(record), UNTYPED)
+    assert replayed.returncode == 1
+    assert replayed.stderr.strip() == (
+        "error: the script no longer does what the record says: call 1 (stage 'topic'): the "
+        "script got its result as antigravity:Named: module antigravity is not loaded here: "
+        "import it in the script"
+    )

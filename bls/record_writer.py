@@ -1,0 +1,350 @@
+"""The writer of ``bls serve --record DIR``: each request's :class:`bls.recording.Record`
+in a file of its own (``DIR/ID.blsrec``), written by a process of its own.
+
+Creating a file costs more CPU than serving a request on some file systems, and none of
+that is spent in the serving process or holds its interpreter lock: the request's path
+only encodes the record and queues it; a task pipes what is queued to the writer process
+(:func:`write_files`) in batches. Recording never holds up or stops serving:
+
+- at most ``backlog_bytes`` of records wait for the writer (a stalled or slow disk, a
+  stopped writer); past that a record is dropped, logged and counted;
+- a writer process that dies (killed, out of memory) is logged and replaced; the records
+  it was sent and had not written are counted as lost;
+- leaving (after the server's drain) sends what is queued and waits for the writer to
+  write it, for ``finish_s`` at most; then the writer is stopped and what it had not
+  written is counted as lost;
+- the writer writes each file whole or not at all (a short write is continued, a failed
+  one logged and its partial file removed), and reports how many it wrote, so the closing
+  line counts records written, not sent.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from .recording import Record, dump
+
+__all__ = ["BACKLOG_BYTES", "RecordWriter", "write_files"]
+
+log = logging.getLogger("bls")
+
+BACKLOG_BYTES = 64 * 1024 * 1024  # records waiting for the writer, at most
+_BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
+_RESTART_S = 1.0  # between a writer's death and its replacement
+_FRAME = struct.Struct("<II")  # a record to the writer: name length, record length
+
+
+class RecordWriter:
+    """Writes records into ``folder`` (see the module's docstring).
+
+    ``async with RecordWriter(folder, script) as records:`` then ``records.write(id,
+    record)`` from the requests' task; leaving sends what is queued and waits (at most
+    ``finish_s``) for it to be written. Making one checks that ``folder`` can be written
+    (OSError saying why, before anything starts). Counts: :attr:`written` (files the
+    writer reports written), :attr:`dropped` (never sent: the backlog was full),
+    :attr:`lost` (sent to a writer that died or was stopped before writing them),
+    :attr:`failed` (the writer could not write them: the disk is full, say)."""
+
+    def __init__(
+        self,
+        folder: str | Path,
+        script: str | Path,
+        *,
+        backlog_bytes: int = BACKLOG_BYTES,
+        finish_s: float = 60.0,
+    ) -> None:
+        self.script = Path(script)  # the script whose requests are recorded
+        self.folder = Path(folder)
+        _check_writable(self.folder)
+        self.backlog_bytes = backlog_bytes
+        self.finish_s = finish_s
+        self.dropped = 0
+        self.lost = 0
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._queued_bytes = 0
+        self._wake = anyio.Event()
+        self._closing = False
+        self._done = anyio.Event()
+        self._writers: list[_Writer] = []  # every writer process started, for the counts
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def written(self) -> int:
+        return sum(w.written for w in self._writers)
+
+    @property
+    def failed(self) -> int:
+        return sum(w.failed for w in self._writers)
+
+    def write(self, name: str, record: Record) -> None:
+        """Queue ``record`` to be written as ``NAME.blsrec`` (never waits; drops it when the
+        backlog is full)."""
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:128].encode()
+        data = dump(record)
+        frame = _FRAME.pack(len(safe), len(data)) + safe + data
+        if self._closing or self._queued_bytes + len(frame) > self.backlog_bytes:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning(
+                    "recording: the writer does not keep up (%d bytes waiting, at most %d); "
+                    "%d record(s) dropped",
+                    self._queued_bytes,
+                    self.backlog_bytes,
+                    self.dropped,
+                )
+            return
+        self._queue.append(frame)
+        self._queued_bytes += len(frame)
+        self._wake.set()
+
+    async def __aenter__(self) -> RecordWriter:
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._tg.start_soon(self._run)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Send what is queued, wait (shielded, at most ``finish_s``) for it to be
+        written, then stop the writer."""
+        assert self._tg is not None
+        self._closing = True
+        self._wake.set()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.finish_s) as waited:
+            await self._done.wait()
+        if waited.cancelled_caught:
+            log.warning("recording: the writer did not finish in %gs; stopping it", self.finish_s)
+        self._tg.cancel_scope.cancel()
+        await self._stack.aclose()
+        waiting = len(self._queue)
+        if waiting:
+            self.lost += waiting
+            self._queue.clear()
+            self._queued_bytes = 0
+
+    # -- the task that feeds the writer processes ------------------------------------------
+
+    async def _run(self) -> None:
+        """Start a writer, feed it until leaving; start another when one dies. Never
+        raises: recording fails, serving goes on."""
+        try:
+            while True:
+                try:
+                    writer = await _Writer.start(self.folder)
+                except OSError as exc:
+                    log.error("recording: cannot start the writer process: %s", exc)
+                else:
+                    self._writers.append(writer)
+                    if await self._feed(writer):
+                        return
+                await anyio.sleep(_RESTART_S)
+        finally:
+            self._done.set()
+
+    async def _feed(self, writer: _Writer) -> bool:
+        """Pipe what is queued to ``writer`` until leaving (True) or its death (False);
+        what it was handed and did not write is counted as lost either way."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(writer.read_counts)
+                finished = await self._pipe(writer)
+                tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():  # leaving ran out of time
+            await writer.stop(counts=False)
+            self.lost += writer.unwritten
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await writer.process.aclose()
+        if not finished:
+            self.lost += writer.unwritten
+            self._queued_bytes = sum(len(frame) for frame in self._queue)
+        return finished
+
+    async def _pipe(self, writer: _Writer) -> bool:
+        """Send ``writer`` what is queued, as it is queued, until leaving: True once it
+        has written all of it and exited; False if it died first (logged)."""
+        try:
+            while True:
+                if not self._queue:
+                    if self._closing:
+                        break
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
+                batch = self._batch()
+                writer.handed += len(batch)
+                await writer.send(batch)
+                self._queued_bytes -= sum(len(frame) for frame in batch)
+            await writer.finish()
+            return True
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            code = await writer.stop()
+            log.error(
+                "recording: the writer process died (%s) with %d record(s) not written; "
+                "starting another",
+                _exit_text(code),
+                writer.unwritten,
+            )
+            return False
+
+    def _batch(self) -> list[bytes]:
+        """Queued records for one write (the first, and more up to the batch's size);
+        they stay counted as waiting until they are sent."""
+        queue = self._queue
+        batch = [queue.popleft()]
+        size = len(batch[0])
+        while queue and size + len(queue[0]) <= _BATCH_BYTES:
+            size += len(queue[0])
+            batch.append(queue.popleft())
+        return batch
+
+
+class _Writer:
+    """One writer process: its input (records), and the counts it reports on its output
+    (``WRITTEN FAILED`` after each record)."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.handed = 0  # records sent to it (the batch being sent included)
+        self.written = 0
+        self.failed = 0
+        self.eof = anyio.Event()  # its output ended: the counts are final
+
+    @property
+    def unwritten(self) -> int:
+        """Records it was handed and has not reported written or failed."""
+        return max(0, self.handed - self.written - self.failed)
+
+    @classmethod
+    async def start(cls, folder: Path) -> _Writer:
+        code = "import sys; from bls.record_writer import write_files; write_files(sys.argv[1])"
+        argv = [sys.executable, "-c", code, str(folder)]
+        # Its own session: a Ctrl-C at the terminal stops the server, which then closes
+        # the writer's input; the writer finishes what it was sent.
+        process = await anyio.open_process(argv, stderr=None, start_new_session=True)
+        return cls(process)
+
+    async def send(self, batch: list[bytes]) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(b"".join(batch))
+
+    async def finish(self) -> None:
+        """Close its input; wait for it to write what it was sent, exit and report."""
+        assert self.process.stdin is not None
+        await self.process.stdin.aclose()
+        await self.process.wait()
+        await self.eof.wait()
+
+    async def stop(self, *, counts: bool = True) -> int | None:
+        """Kill it (it died, or did not finish in time); its exit status. ``counts``:
+        wait (briefly) for the last counts it reported."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        with anyio.CancelScope(shield=True):
+            code = await self.process.wait()
+            if counts:
+                with anyio.move_on_after(1):
+                    await self.eof.wait()
+        return code
+
+    async def read_counts(self) -> None:
+        """Keep the latest counts it reports (each line replaces the last) until its
+        output ends."""
+        assert self.process.stdout is not None
+        tail = b""
+        try:
+            async for chunk in self.process.stdout:
+                tail = self._take(tail + chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self.eof.set()
+
+    def _take(self, data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        for line in reversed(lines[:-1]):
+            fields = line.split()
+            if len(fields) == 2 and all(f.isdigit() for f in fields):
+                self.written, self.failed = int(fields[0]), int(fields[1])
+                break
+        return lines[-1][-64:]  # an unfinished line; a runaway one cannot grow
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def _check_writable(folder: Path) -> None:
+    """``folder`` exists (made if need be) and a file can be created in it; OSError
+    naming it and why not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bls-probe-"):
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise OSError(f"--record {folder}: cannot write records there: {why}") from None
+
+
+def write_files(folder: str | Path) -> int:
+    """The writer process: each record on stdin into ``folder/NAME.blsrec``, until stdin
+    ends; after each, ``WRITTEN FAILED`` on stdout. Returns how many it wrote."""
+    folder = Path(folder)
+    source = sys.stdin.buffer
+    counts = sys.stdout.buffer
+    written = failed = 0
+    while True:
+        head = source.read(_FRAME.size)
+        if len(head) < _FRAME.size:
+            return written
+        name_len, data_len = _FRAME.unpack(head)
+        name = source.read(name_len).decode(errors="replace")
+        data = source.read(data_len)
+        if len(data) < data_len:
+            return written  # its input ended mid-record: the server was stopped
+        path = folder / f"{name}.blsrec"
+        try:
+            _write_whole(path, data)
+            written += 1
+        except OSError as exc:
+            failed += 1
+            print(f"bls: recording: cannot write {path.name}: {exc}", file=sys.stderr)
+        try:
+            counts.write(b"%d %d\n" % (written, failed))
+            counts.flush()
+        except OSError:
+            pass  # the server stopped reading: it counts what it can
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """All of ``data`` into ``path``, or no file (OSError): a short write goes on from
+    where it stopped; one that fails removes what it wrote."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            done = os.write(fd, view)
+            if not done:  # (a regular file takes something, or fails)
+                raise OSError(errno.EIO, "the file took none of a write")
+            view = view[done:]
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
