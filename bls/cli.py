@@ -35,6 +35,7 @@ from .flags import (
 from .recording import RecordError
 from .replay import Divergence
 from .runtime import BindingError
+from .traffic import PolicyError
 
 __all__ = ["main"]
 
@@ -329,6 +330,14 @@ def _serve_limits(p: argparse.ArgumentParser) -> None:
         help="largest request body accepted; larger ones get 413 (default 16 MiB)",
     )
     p.add_argument(
+        "--max-header-bytes",
+        type=count(1024),
+        default=16 * 1024,
+        metavar="N",
+        help="largest request headers accepted (names and values); more get 431 and the "
+        "connection is closed (default 16 KiB; a URL over 8 KiB gets 414)",
+    )
+    p.add_argument(
         "--trace-keep",
         type=count(0),
         default=100,
@@ -406,7 +415,8 @@ def _describe_error(exc: BaseException) -> str | None:
     if isinstance(exc, DeadlineExceeded):  # before OSError: it is a TimeoutError
         return f"deadline exceeded: {exc}"
     if isinstance(
-        exc, (InvalidRequest, StageError, StageNotBound, ConfigError, UsageError, OSError)
+        exc,
+        (InvalidRequest, StageError, StageNotBound, ConfigError, PolicyError, UsageError, OSError),
     ):
         return str(exc)
     if isinstance(exc, BindingError):

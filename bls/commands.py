@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     entry = app.entry(args.entry)
     req = entry.decode(read_input(args.input))
     recorder = Recorder(app.path) if record else None
+    _log_bindings(app, logging.DEBUG)  # (`bls check` says it; a run's stderr stays one error)
 
     async def main() -> None:
         async with app.runtime() as rt, RequestScope("run", record=recorder):
@@ -98,6 +99,8 @@ def check(args: argparse.Namespace) -> int:
         return 1
     names = sorted({u.name for u in app.uses} | set(app.bindings))
     emit(f"ok: {len(app.entries)} entrypoint(s), {len(names)} stage(s) bound: {', '.join(names)}")
+    for line in app.where_bound():
+        emit(f"  {line}")
     return 0
 
 
@@ -105,11 +108,12 @@ def worker(args: argparse.Namespace) -> int:
     """``bls worker``: serve one stage over ZeroMQ until SIGTERM/SIGINT."""
     from bls.transport.worker_process import WorkerOptions, run_worker
 
-    from .bindings import InlineBinding, load_target
+    from .bindings import InlineBinding
     from .check import typed_handles
     from .config import load_config, make_bindings
     from .entry import Script
     from .runtime import Runtime
+    from .targets import load_target
 
     claim_stdout()
     setup_logging(args.log_level, verbose=args.verbose)
@@ -195,10 +199,12 @@ def serve(args: argparse.Namespace) -> int:
     _apply_connect_timeout(app.config, args.connect_timeout)
     _apply_discovery(app.config, args)
     _apply_admission(app, args.max_queued, args.max_inflight)
+    _log_bindings(app)
     limits = Limits(
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
+        max_header_bytes=args.max_header_bytes,
         body_timeout=args.body_timeout,
         grace=args.grace,
         trace_keep=args.trace_keep,
@@ -256,6 +262,14 @@ def _parse_options(specs: list[str]) -> dict[str, Any]:
     return options
 
 
+def _log_bindings(app: ScriptFile, level: int = logging.INFO) -> None:
+    """Where each stage is bound, on stderr: a stage left inline by a forgotten --bind
+    shows here, not as a worker that gets no calls."""
+    log = logging.getLogger("bls")
+    for line in app.where_bound():
+        log.log(level, "stage %s", line)
+
+
 def _write_line(value: Any) -> None:
     emit(msgspec.json.encode(value))
 
@@ -283,15 +297,7 @@ def _apply_admission(
     admission = app.config.admission
     if max_queued is not None:
         admission.max_queued = max_queued
-    if max_inflight is not None and admission.reserved >= max_inflight:
-        raise ConfigError(
-            f"[admission] reserved = {admission.reserved} leaves none of the {max_inflight} "
-            "slots (--max-inflight) to requests of priority 0 and below"
-        )
-    for name in admission.entries:
-        if name not in app.entries:
-            known = ", ".join(app.entries)
-            raise ConfigError(f"[admission.entries.{name}]: no entry {name!r} (entries: {known})")
-    from .serve.tenants import tenant_function
+    from .serve.admission import check
 
-    tenant_function(admission)  # loads, or says why it cannot, before anything starts
+    # Before anything starts (the frontend checks again, once the runtime has started).
+    check(admission, max_inflight or admission.reserved + 1, app.entries)

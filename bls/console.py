@@ -17,7 +17,15 @@ from typing import BinaryIO
 
 from .paths import missing
 
-__all__ = ["UsageError", "claim_stdout", "emit", "read_input", "ready_line", "setup_logging"]
+__all__ = [
+    "UsageError",
+    "claim_stdout",
+    "emit",
+    "loggable",
+    "read_input",
+    "ready_line",
+    "setup_logging",
+]
 
 _results: BinaryIO | None = None
 
@@ -35,6 +43,21 @@ def claim_stdout() -> None:
     sys.stdout.flush()
     _results = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+
+
+def loggable(text: str, limit: int = 2048) -> str:
+    """``text`` (a request's path, say) as a log line may hold it: control and other
+    unprintable characters escaped (``\\r``, ``\\x1b``), so that a client cannot write a
+    line of its own into the log, and cut to ``limit`` characters."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    if len(text) > limit:
+        text = text[:limit]
+        cut = "..."
+    else:
+        cut = ""
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return escaped + cut
 
 
 def emit(line: bytes | str) -> None:

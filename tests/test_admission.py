@@ -88,3 +88,33 @@ async def test_with_reserved_slots_and_no_queue_the_429_says_why() -> None:
         admission.enter("e", None, 0)
     assert "(1 of them kept for requests of priority above 0)" in caught.value.message
     assert admission.enter("e", None, 5).granted
+
+
+async def test_a_tenants_rate_holds_however_many_other_tenants_come() -> None:
+    config = AdmissionConfig(tenants={"*": Limit(rate=0.5, burst=1)})
+    admission = Admission(100_000, config)
+    admission.leave(admission.enter("e", "mallory", 0))  # its one token spent
+    for i in range(10_000):  # other names, each leaving at once: forgettable or not
+        admission.leave(admission.enter("e", f"t{i}", 0))
+    with pytest.raises(HttpError) as caught:
+        admission.enter("e", "mallory", 0)
+    assert caught.value.status == 429 and "over its rate" in caught.value.message
+
+
+async def test_tenants_that_hold_nothing_are_forgotten_and_the_table_is_bounded() -> None:
+    from bls.serve import admission as module
+
+    admission = Admission(10, AdmissionConfig(tenants={"*": Limit(max_inflight=5)}))
+    for i in range(20_000):  # no rate: each is forgettable once it has left
+        admission.leave(admission.enter("e", f"t{i}", 0))
+    assert len(admission._tenants) <= 2 * module._FORGET_AT
+
+    rated = Admission(10**6, AdmissionConfig(tenants={"*": Limit(rate=0.001, burst=1)}))
+    for i in range(module.MAX_TENANTS):  # each bucket stays empty for a long while
+        rated.leave(rated.enter("e", f"t{i}", 0))
+    with pytest.raises(HttpError) as caught:
+        rated.enter("e", "one-more", 0)
+    assert caught.value.status == 429 and "tracks 65536 tenants" in caught.value.message
+    with pytest.raises(HttpError) as known:  # a known one is judged by its own bucket
+        rated.enter("e", "t5", 0)
+    assert "over its rate" in known.value.message

@@ -14,6 +14,12 @@ Per entry and per tenant (``[admission.entries.NAME]``, ``[admission.tenants.NAM
 request rate with a burst (a token bucket); past either, 429 with ``Retry-After``.
 
 With none of that configured, admitting a request is two comparisons and a counter.
+
+Everything admission is lives here: the headers it reads (``X-Priority``, ``X-Tenant``, or
+the ``[admission] tenant`` function instead), its checks of ``[admission]`` against the
+server's limits and entries (:func:`check`, which ``bls serve`` runs before anything
+starts and the frontend again, so that ``bls.testing.client`` is held to them too), and
+the order requests wait in.
 """
 
 from __future__ import annotations
@@ -22,17 +28,25 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import Iterable
 
 import anyio
 
-from ..config import AdmissionConfig, Limit
-from .framing import HttpError
+from ..config import AdmissionConfig, ConfigError, Limit
+from ..priorities import MAX_PRIORITY, checked
+from .framing import HttpError, Scope, bad_header
+from .intake import Headers
+from .tenants import tenant_function, tenant_of, valid_tenant
 
-__all__ = ["Admission", "Ticket"]
+__all__ = ["Admission", "Ticket", "check"]
 
 DEFAULT_TENANT = "default"  # a request without X-Tenant
 ANY_TENANT = "*"  # [admission.tenants."*"]: each tenant not named
-_MAX_TENANTS = 4096  # tenants remembered; past it, those with no request are forgotten
+# Tenants remembered before those with nothing to remember are forgotten (no request
+# running or waiting, a full bucket: forgetting one loses nothing); and the most
+# remembered at once, past which a new tenant is refused until some are forgettable.
+_FORGET_AT = 4096
+MAX_TENANTS = 65_536
 
 
 class _Bound:
@@ -61,6 +75,16 @@ class _Bound:
         self.held = 0
         self.finish = 0.0
         self._refilled = time.monotonic()
+
+    def forgettable(self, virtual: float) -> bool:
+        """Whether forgetting it loses nothing: no request of it runs or waits, its
+        bucket is full again, and its turn is not ahead of the queue's (``virtual``)."""
+        if self.held or self.finish > virtual:
+            return False
+        if self.rate is None:
+            return True
+        refill = (time.monotonic() - self._refilled) * self.rate
+        return self.tokens + refill >= self.burst
 
     def take(self, what: str) -> None:
         """Count one more request; 429 naming ``what`` when over the limit."""
@@ -107,12 +131,34 @@ GRANTED = Ticket(None, None)
 GRANTED.granted = True
 
 
-class Admission:
-    """The frontend's admission (module docstring): ``enter`` when a request arrives,
-    ``Ticket.wait`` until it may run, ``leave`` when it is over, whatever happened."""
+def check(config: AdmissionConfig, max_inflight: int, entries: Iterable[str]) -> None:
+    """``[admission]`` as it must be for a server of ``max_inflight`` slots serving
+    ``entries``: its reserved slots fewer, its entries the script's, its tenant function
+    one that loads. ConfigError saying which, else nothing."""
+    if config.reserved >= max_inflight:
+        raise ConfigError(
+            f"[admission] reserved = {config.reserved} leaves none of the {max_inflight} "
+            "slots (--max-inflight) to requests of priority 0 and below"
+        )
+    known = list(entries)
+    for name in config.entries:
+        if name not in known:
+            raise ConfigError(
+                f"[admission.entries.{name}]: no entry {name!r} (entries: {', '.join(known)})"
+            )
+    tenant_function(config)  # loads, or says why it cannot
 
-    def __init__(self, max_inflight: int, config: AdmissionConfig) -> None:
-        assert config.reserved < max_inflight, "checked at start-up (bls.commands)"
+
+class Admission:
+    """The frontend's admission (module docstring): :meth:`admit` (or :meth:`enter`) when
+    a request arrives, ``Ticket.wait`` until it may run, ``leave`` when it is over,
+    whatever happened."""
+
+    def __init__(
+        self, max_inflight: int, config: AdmissionConfig, entries: Iterable[str] = ()
+    ) -> None:
+        check(config, max_inflight, entries or config.entries)
+        self._tenant_function = tenant_function(config)
         self.max_inflight = max_inflight
         self.reserved = config.reserved
         self.max_queued = config.max_queued
@@ -120,6 +166,7 @@ class Admission:
         self._entries = {n: _Bound(n, limit) for n, limit in config.entries.items()}
         self._tenant_limits = dict(config.tenants)
         self._tenants: dict[str, _Bound] = {}
+        self._forget_at = _FORGET_AT
         self._queue: list[tuple[tuple[int, float, int], Ticket]] = []
         self._virtual = 0.0  # the tag of the request last taken from the queue
         self._seq = itertools.count()
@@ -129,6 +176,21 @@ class Admission:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    def admit(self, scope: Scope, entry: str, headers: Headers) -> tuple[Ticket, int]:
+        """A request's place and priority: from its ``X-Priority``, and its tenant from
+        ``X-Tenant`` or the tenant function; 429 when a limit refuses it, 400 for a bad
+        header."""
+        if self.simple and headers.priority is None and headers.tenant is None:
+            return self.enter(entry, None, 0), 0
+        priority = request_priority(headers)
+        if self._tenant_function is None:
+            tenant = request_tenant(headers)
+        elif self.simple:  # no tenant has a limit or a turn to take: no need to ask
+            tenant = None
+        else:
+            tenant = tenant_of(self._tenant_function, scope, entry)
+        return self.enter(entry, tenant, priority), priority
 
     def enter(self, entry: str, tenant: str | None, priority: int) -> Ticket:
         """The request's ticket, granted or to wait on; 429 when a limit refuses it."""
@@ -209,11 +271,24 @@ class Admission:
     def _tenant(self, name: str) -> _Bound:
         bound = self._tenants.get(name)
         if bound is None:
-            if len(self._tenants) >= _MAX_TENANTS:  # forget those holding nothing
-                self._tenants = {n: b for n, b in self._tenants.items() if b.held}
+            if len(self._tenants) >= self._forget_at:
+                self._forget()
+            if len(self._tenants) >= MAX_TENANTS:
+                raise _limited(
+                    f"the server tracks {MAX_TENANTS} tenants with requests or limits in "
+                    "use already; try again when their buckets refill",
+                    1,
+                )
             limit = self._tenant_limits.get(name) or self._tenant_limits.get(ANY_TENANT)
             bound = self._tenants[name] = _Bound(name, limit or Limit())
         return bound
+
+    def _forget(self) -> None:
+        """Forget the tenants with nothing to remember (:meth:`_Bound.forgettable`); look
+        again once as many more have come."""
+        virtual = self._virtual
+        self._tenants = {n: b for n, b in self._tenants.items() if not b.forgettable(virtual)}
+        self._forget_at = max(_FORGET_AT, 2 * len(self._tenants))
 
     def _release(self, ticket: Ticket) -> None:
         for bound in (ticket.entry, ticket.tenant):
@@ -228,3 +303,25 @@ class Admission:
         if queued:
             why += f" and {self.max_queued} waiting, and the waiting ones come first"
         return HttpError(429, "overloaded", why, headers=[(b"retry-after", b"1")])
+
+
+def request_priority(headers: Headers) -> int:
+    """``X-Priority`` (higher first; 0 without it); 400 for one that is not a priority."""
+    raw = headers.priority
+    if raw is None:
+        return 0
+    try:
+        return checked(int(raw), "X-Priority")
+    except ValueError:
+        expected = f"an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}"
+        raise bad_header("X-Priority", expected, raw) from None
+
+
+def request_tenant(headers: Headers) -> str | None:
+    """``X-Tenant``, when sent: up to 128 printable ASCII characters, else 400."""
+    raw = headers.tenant
+    if raw is None:
+        return None
+    if not (raw.isascii() and valid_tenant(raw.decode())):
+        raise bad_header("X-Tenant", "1 to 128 printable ASCII characters")
+    return raw.decode()

@@ -33,11 +33,13 @@ from typing import Any
 import msgspec
 
 from ..config import AdmissionConfig
+from ..console import loggable
 from ..entry import Script
 from ..errors import DeadlineExceeded, InvalidRequest
 from ..lifecycle import Drain
 from ..loop import backend
-from ..recording import Recorder, RecordWriter
+from ..record_writer import RecordWriter
+from ..recording import Recorder
 from ..runtime import Runtime
 from ..tracing import Trace, TraceStore, outcome_of
 from . import chat, openapi, pages
@@ -54,14 +56,12 @@ from .intake import (
     invalid,
     read_body,
     request_id,
-    request_priority,
-    request_tenant,
     request_timeout,
+    wait_for_slot,
 )
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
 from .routing import Route, Router
-from .tenants import tenant_function, tenant_of
 
 __all__ = ["Frontend"]
 
@@ -95,9 +95,7 @@ class Frontend:
         self.limits = limits or Limits()
         # Who runs, who waits (priority, tenants), who gets 429: [admission] in bls.toml.
         admission = admission or AdmissionConfig()
-        self.admission = Admission(self.limits.max_inflight, admission)
-        # [admission] tenant: the function naming a request's tenant (else X-Tenant).
-        self._tenant_function = tenant_function(admission)
+        self.admission = Admission(self.limits.max_inflight, admission, entries)
         self.metrics = Metrics(lambda: self.inflight, lambda: self.admission.queued)
         self.metrics.watch_caches(runtime.bindings)
         self.traces = TraceStore(self.limits.trace_keep)
@@ -187,7 +185,16 @@ class Frontend:
         await respond(scope, send, 200, _encode({"scripts": listing}), _rid(scope))
 
     async def _models(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(scope, send, 200, chat.models(self.models), _rid(scope))
+        await respond(scope, send, 200, chat.models(self.chat_models()), _rid(scope))
+
+    def chat_models(self) -> list[str]:
+        """The names the chat route answers to: the entry's model, ``--model-alias``, and
+        the models its stages' engines serve (their directories, as ``vllm serve`` does;
+        a remote engine's once its worker answered)."""
+        if self.chat_entry is None:
+            return []
+        served = (n for b in self.runtime.bindings.values() for n in b.models())
+        return list(dict.fromkeys([*self.models, *served]))
 
     async def _openapi_json(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         if self._openapi is None:
@@ -236,7 +243,7 @@ class Frontend:
     async def _run_chat(
         self, scope: Scope, send: Send, entry: Script, req: Any, request: Request
     ) -> None:
-        await answer_chat(self.runtime, self.models, scope, send, entry, req, request)
+        await answer_chat(self.runtime, self.chat_models(), scope, send, entry, req, request)
 
     # -- one request's life: admit, read and run, answer, record ----------------------
 
@@ -266,21 +273,10 @@ class Frontend:
             self._record(scope, request)
 
     def _enter(self, scope: Scope, entry: Script, headers: Headers) -> tuple[Ticket, int]:
-        """The request's place (:mod:`.admission`) and priority; 503 while draining, 429
-        when a limit refuses it, 400 for a bad X-Priority or X-Tenant."""
+        """The request's place (:mod:`.admission`) and priority; 503 while draining."""
         if self._drain.draining:
             raise HttpError(503, "draining", "the server is shutting down")
-        admission = self.admission
-        if admission.simple and headers.priority is None and headers.tenant is None:
-            return admission.enter(entry.name, None, 0), 0
-        priority = request_priority(headers)
-        if self._tenant_function is None:
-            tenant = request_tenant(headers)
-        elif admission.simple:  # no tenant has a limit or a turn to take: no need to ask
-            tenant = None
-        else:
-            tenant = tenant_of(self._tenant_function, scope, entry.name)
-        return admission.enter(entry.name, tenant, priority), priority
+        return self.admission.admit(scope, entry.name, headers)
 
     async def _refused(
         self,
@@ -306,9 +302,8 @@ class Frontend:
         """A request's answer in /metrics and its line in the access log."""
         elapsed = time.perf_counter() - started
         self.metrics.request(entry, status, elapsed)
-        access.info(
-            "%s %s %s %d %.1fms", rid, scope["method"], scope["path"], status, elapsed * 1000
-        )
+        path = loggable(scope["path"])
+        access.info("%s %s %s %d %.1fms", rid, scope["method"], path, status, elapsed * 1000)
 
     def _admit(
         self,
@@ -367,11 +362,12 @@ class Frontend:
         ran = False  # whether the entry ran to its end (else the scope's cancel ended it)
         try:
             async with request.scope:
+                early = None
                 if not ticket.granted:
                     clocks.queue(request)
-                    await ticket.wait()
+                    early = await wait_for_slot(scope, request, ticket.wait)
                     clocks.granted(request)
-                body = await read_body(scope, request, self.limits.max_body_bytes)
+                body = await read_body(scope, request, self.limits.max_body_bytes, early)
                 clocks.read(request)
                 try:
                     req = entry.decode(body)
@@ -479,7 +475,8 @@ async def _refuse(scope: Scope, send: Send, error: HttpError) -> None:
     """Answer a request no route takes (404, 405), with its line in the access log."""
     rid = _rid(scope)
     await send_error(scope, send, error, rid)
-    access.info("%s %s %s %d", rid.decode(), scope["method"], scope["path"], error.status)
+    path = loggable(scope["path"])
+    access.info("%s %s %s %d", rid.decode(), scope["method"], path, error.status)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..console import loggable
 from .framing import BODY, WHOLE
 
 __all__ = ["STATUS_LINES", "Exchange", "Link", "default_lines"]
@@ -309,7 +310,7 @@ class Exchange:
 
 
 def _what(scope: dict[str, Any]) -> str:
-    return f"{scope['method']} {scope['path']}"
+    return f"{scope['method']} {loggable(scope['path'])}"
 
 
 def default_lines(headers: Any) -> bytes:

@@ -18,6 +18,7 @@ __all__ = [
     "WHOLE",
     "ChatChunks",
     "HttpError",
+    "bad_header",
     "error_for",
     "respond",
     "send_error",
@@ -85,6 +86,15 @@ class HttpError(Exception):
         if self.param is not None:
             error["param"] = self.param
         return _encode({"error": error})
+
+
+def bad_header(name: str, expected: str, given: bytes | None = None) -> HttpError:
+    """400 naming the header, what it must be, and what it was (its first 64 bytes)."""
+    got = ""
+    if given is not None:
+        shown = given[:64].decode(errors="replace")
+        got = f", got {shown!r}" + (f" ({len(given)} bytes)" if len(given) > 64 else "")
+    return HttpError(400, "invalid_header", f"{name} must be {expected}{got}", path=name)
 
 
 def error_for(exc: BaseException, entry: str = "") -> HttpError:

@@ -13,26 +13,26 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 
 from ..errors import InvalidRequest
 from ..loop import Backend, Delays
-from ..priorities import MAX_PRIORITY, checked
 from ..scope import RequestScope
 from ..tracing import Span, Trace
-from .framing import BODY, HttpError, Message, Receive, Scope, sse_error
-from .tenants import valid_tenant
+from .framing import BODY, HttpError, Message, Receive, Scope, bad_header, sse_error
 
 __all__ = [
+    "EARLY_BODY_BYTES",
     "Clocks",
+    "EarlyBody",
     "Headers",
     "Limits",
     "Request",
     "read_body",
     "request_id",
-    "request_priority",
-    "request_tenant",
     "request_timeout",
+    "wait_for_slot",
 ]
 
 log = logging.getLogger("bls.http")
@@ -52,6 +52,7 @@ class Limits(msgspec.Struct, kw_only=True):
     max_inflight: int = 64  # accepted requests at once; more get 429
     request_timeout: float | None = 300.0  # upper bound of any request's deadline; None: none
     max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413, unread
+    max_header_bytes: int = 16 * 1024  # a request's headers; more get 431 (serve/protocol.py)
     body_timeout: float | None = 10.0  # a body that takes longer gets 408; None: no bound
     grace: float = 30.0  # seconds in-flight requests get on SIGTERM
     trace_keep: int = 100  # finished request traces kept for /debug/requests
@@ -265,15 +266,77 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(scope: Scope, request: Request, limit: int) -> bytes:
-    """The whole body: 413 past ``limit`` bytes (before reading when Content-Length says
-    so), :class:`Disconnected` when the client leaves first. How long it may take is the
-    request scope's business."""
+class EarlyBody:
+    """What of a request's body was read while it waited for a slot (:func:`wait_for_slot`):
+    its first pieces, and whether that was all of it."""
+
+    __slots__ = ("chunks", "complete", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.complete = False
+
+
+# Of a body, what a request waiting for a slot has read for it, at most: enough for most
+# bodies (so that its client leaving is heard, and the request gives up its place), and
+# what the connection would buffer for it anyway (so waiting costs no more memory).
+EARLY_BODY_BYTES = 64 * 1024
+
+
+async def wait_for_slot(scope: Scope, request: Request, wait: Callable[[], Any]) -> EarlyBody:
+    """``await wait()`` (the request's admission ticket), hearing meanwhile if its client
+    leaves: then the request is cancelled (and gives up its place). To hear that, its
+    body is read first, up to :data:`EARLY_BODY_BYTES`; a longer one is not watched."""
+    early = EarlyBody()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_waiting, scope, request, early)
+        await wait()
+        tg.cancel_scope.cancel()
+    return early
+
+
+async def _watch_waiting(scope: Scope, request: Request, early: EarlyBody) -> None:
+    body = take_body(scope)
+    if body is not None:
+        early.chunks.append(body)
+        early.size, early.complete = len(body), True
+    while not early.complete:
+        if early.size > EARLY_BODY_BYTES:
+            return  # (the rest is read once it runs)
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        early.chunks.append(chunk)
+        early.size += len(chunk)
+        early.complete = not message.get("more_body", False)
+    else:
+        message = await request.receive()  # all read: what comes next is its leaving
+    if message["type"] == "http.disconnect":
+        request.disconnected = True
+        request.scope.cancel()
+
+
+async def read_body(
+    scope: Scope, request: Request, limit: int, early: EarlyBody | None = None
+) -> bytes:
+    """The whole body (after what ``early`` read of it): 413 past ``limit`` bytes (before
+    reading when Content-Length says so), :class:`Disconnected` when the client leaves
+    first. How long it may take is the request scope's business."""
     length = request.headers.content_length
     if length is not None and length.isdigit() and int(length) > limit:
         raise HttpError(
             413, "too_large", f"the body is {int(length)} bytes, over the {limit}-byte limit"
         )
+    if early is not None:
+        if early.size > limit:
+            raise _too_large(limit)
+        if not early.complete:
+            message = await request.receive()
+            rest = await _rest_of_body(message, request.receive, limit, early.size)
+            return b"".join([*early.chunks, rest])
+        return b"".join(early.chunks)
     body = take_body(scope)  # all of it, when it came with the head (as it mostly does)
     if body is None:
         message = await request.receive()
@@ -298,9 +361,9 @@ def _too_large(limit: int) -> HttpError:
     return HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
 
 
-async def _rest_of_body(message: Message, receive: Receive, limit: int) -> bytes:
+async def _rest_of_body(message: Message, receive: Receive, limit: int, size: int = 0) -> bytes:
+    """The body from ``message`` on (``size`` bytes of it read before)."""
     chunks: list[bytes] = []
-    size = 0
     while True:
         if message["type"] == "http.disconnect":
             raise Disconnected
@@ -341,28 +404,6 @@ class Headers:
                 self.tenant = bytes(value)
 
 
-def request_priority(headers: Headers) -> int:
-    """``X-Priority`` (higher first; 0 without it); 400 for one that is not a priority."""
-    raw = headers.priority
-    if raw is None:
-        return 0
-    try:
-        return checked(int(raw), "X-Priority")
-    except ValueError:
-        expected = f"an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}"
-        raise _bad_header("X-Priority", expected, raw) from None
-
-
-def request_tenant(headers: Headers) -> str | None:
-    """``X-Tenant``, when sent: up to 128 printable ASCII characters, else 400."""
-    raw = headers.tenant
-    if raw is None:
-        return None
-    if not (raw.isascii() and valid_tenant(raw.decode())):
-        raise _bad_header("X-Tenant", "1 to 128 printable ASCII characters")
-    return raw.decode()
-
-
 def request_timeout(headers: Headers, bound: float | None) -> float | None:
     """The request's deadline in seconds: ``X-Request-Timeout`` capped by ``bound``; 400
     for a header that is not a positive number."""
@@ -374,15 +415,8 @@ def request_timeout(headers: Headers, bound: float | None) -> float | None:
     except ValueError:
         seconds = math.nan
     if not seconds > 0 or math.isinf(seconds):
-        raise _bad_header("X-Request-Timeout", "a positive number of seconds", raw)
+        raise bad_header("X-Request-Timeout", "a positive number of seconds", raw)
     return seconds if bound is None else min(seconds, bound)
-
-
-def _bad_header(name: str, expected: str, given: bytes | None = None) -> HttpError:
-    """400 naming the header, what it must be, and (when it is short enough to show) what
-    it was."""
-    got = f", got {given.decode(errors='replace')!r}" if given is not None else ""
-    return HttpError(400, "invalid_header", f"{name} must be {expected}{got}", path=name)
 
 
 def request_id(given: bytes | None) -> bytes:

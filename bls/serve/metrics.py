@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..bindings import Binding
 from ..tracing import Span
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -69,7 +70,7 @@ class Metrics:
         self.version_seconds: dict[tuple[str, str], float] = {}
         self._inflight = inflight
         self._queued = queued
-        self._bindings: Mapping[str, Any] = {}
+        self._bindings: Mapping[str, Binding] = {}
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -106,7 +107,7 @@ class Metrics:
                 span.end - span.start
             )
 
-    def watch_caches(self, bindings: Mapping[str, Any]) -> None:
+    def watch_caches(self, bindings: Mapping[str, Binding]) -> None:
         """Also export the hits, misses, evictions and size of the stages' result caches."""
         self._bindings = bindings
 
@@ -231,23 +232,20 @@ def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
         yield family
 
 
-def _traffic(bindings: Mapping[str, Any]) -> Iterator[Any]:
-    """What each remote stage's traffic policy did (bls/traffic.py)."""
-    from ..traffic import Traffic
-
-    counts: dict[str, Traffic] = {}
-    for name, binding in bindings.items():
-        while getattr(binding, "traffic", None) is None and hasattr(binding, "inner"):
-            binding = binding.inner
-        traffic = getattr(binding, "traffic", None)
-        if isinstance(traffic, Traffic):
-            counts[name] = traffic
+def _traffic(bindings: Mapping[str, Binding]) -> Iterator[Any]:
+    """What each stage's traffic policy did (bls/traffic.py), by version ("" for a stage
+    without versions: Prometheus reads an empty label as none)."""
+    counts = {
+        (name, version): traffic
+        for name, binding in bindings.items()
+        for version, traffic in binding.counts().items()
+    }
     if not counts:
         return
     for field, doc in (
         ("hedges", "Extra copies of calls sent by hedging, by stage"),
         ("hedges_won", "Calls a hedged copy answered first, by stage"),
-        ("hedges_cancelled", "Copies of calls cancelled when another answered, by stage"),
+        ("hedges_cancelled", "Hedged copies cancelled when another answered first, by stage"),
         ("retries", "Calls retried after a failure, by stage"),
         ("retries_denied", "Retries not made because the retry budget was spent, by stage"),
         ("ejections", "Replicas taken out of rotation (failing or lagging), by stage"),
@@ -255,6 +253,6 @@ def _traffic(bindings: Mapping[str, Any]) -> Iterator[Any]:
         yield _counter(
             f"bls_stage_{field}",
             doc,
-            ["stage"],
-            {(n,): getattr(t, field) for n, t in counts.items()},
+            ["stage", "version"],
+            {key: getattr(t, field) for key, t in counts.items()},
         )

@@ -6,6 +6,9 @@ is an :class:`.exchange.Exchange`. Parsing is httptools' (llhttp), as in Uvicorn
 httptools protocol, whose behaviour this keeps: pipelined requests answered in order
 (reading pauses while one waits), reading paused past 64 KiB of unread body, ``400`` and
 a close for what does not parse, a graceful shutdown that lets the answer in flight end.
+Unlike Uvicorn it bounds a request's head, as h11 and nginx do: a URL over
+:data:`MAX_URL_BYTES` is answered ``414``, headers over ``max_header_bytes`` ``431``, and
+the connection closed, before more of it is buffered.
 A request asking to switch protocols is answered as HTTP/1.1 (no upgrade is offered) and
 its connection closed after it; as with Uvicorn, a body sent with it is not read.
 
@@ -27,11 +30,22 @@ import httptools
 from ..loop import Delays, backend
 from .exchange import STATUS_LINES, Exchange, default_lines
 
-__all__ = ["Connection", "connection_class"]
+__all__ = ["MAX_HEADER_BYTES", "MAX_URL_BYTES", "Connection", "connection_class"]
 
 log = logging.getLogger("bls.http")
 
 _HIGH_WATER = 65536  # unread body bytes that pause reading
+MAX_URL_BYTES = 8 * 1024  # a longer request target gets 414 (nginx's line bound)
+MAX_HEADER_BYTES = 16 * 1024  # headers (names, values) over this get 431 (h11's bound)
+
+
+class _HeadTooLarge(Exception):
+    """A request's head is over a bound: its status and why."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+        self.why = why
 
 
 class Connection:
@@ -47,6 +61,7 @@ class Connection:
         *,
         loop: Any,
         idle: Delays[Connection],
+        max_header_bytes: int = MAX_HEADER_BYTES,
     ) -> None:
         if not config.loaded:
             config.load()
@@ -74,10 +89,17 @@ class Connection:
         # and their lines, checked and formatted once per list.
         self.defaults: Any = None
         self.defaults_head = b""
-        # The request being parsed.
+        # The request being parsed, and how much of its head has come so far: what the
+        # parser handed over (the URL, whole headers), and the bytes of input read
+        # wholly inside the head (a header's value still arriving is in those alone).
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.expect_continue = False
+        self.max_header_bytes = max_header_bytes
+        self.in_head = False
+        self.began = False  # a request began in the input being parsed
+        self.header_bytes = 0
+        self.head_input = 0
 
     # -- the transport's calls -----------------------------------------------------------
 
@@ -109,8 +131,14 @@ class Connection:
 
     def data_received(self, data: bytes) -> None:
         self.idle.discard(self)
+        self.began = False
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _HeadTooLarge):
+                raise
+            self._too_large(exc.__context__)
+            return
         except httptools.HttpParserUpgrade:
             # No upgrade is offered (RFC 9110 lets a server ignore one): the request is
             # answered as HTTP/1.1, and the connection closes after it, since the parser
@@ -122,7 +150,20 @@ class Connection:
                     self.transport.close()
         except httptools.HttpParserError:
             log.warning("invalid HTTP request from %s", self.client)
-            self._reject(b"Invalid HTTP request received.")
+            self._reject(400, b"Invalid HTTP request received.")
+            return
+        if self.in_head and not self.began:  # (all of it, for a head begun before it)
+            self.head_input += len(data)
+            if self.head_input > self.max_header_bytes + MAX_URL_BYTES:
+                self._too_large(self._head_bound())
+
+    def _head_bound(self) -> _HeadTooLarge:
+        limit = self.max_header_bytes
+        return _HeadTooLarge(431, f"the request's headers are over the {limit}-byte limit")
+
+    def _too_large(self, error: _HeadTooLarge) -> None:
+        log.warning("request from %s refused: %s", self.client, error.why)
+        self._reject(error.status, error.why.encode())
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -139,11 +180,18 @@ class Connection:
         self.url = b""
         self.expect_continue = False
         self.headers = []
+        self.in_head = self.began = True
+        self.header_bytes = self.head_input = 0
 
     def on_url(self, url: bytes) -> None:
+        if len(self.url) + len(url) > MAX_URL_BYTES:
+            raise _HeadTooLarge(414, f"the URL is over the {MAX_URL_BYTES}-byte limit")
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value) + 4  # (": " and the line's end)
+        if self.header_bytes > self.max_header_bytes:
+            raise self._head_bound()
         name = name.lower()
         value = value.rstrip(b" \t")  # (llhttp keeps trailing white space; RFC 9110 does not)
         if name == b"expect" and value.lower() == b"100-continue":
@@ -151,6 +199,7 @@ class Connection:
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         parser = self.parser
         version = parser.get_http_version()
         url = httptools.parse_url(self.url)
@@ -243,11 +292,11 @@ class Connection:
             writable = self.writable = self.loop.create_future()
         await writable
 
-    def _reject(self, message: bytes) -> None:
+    def _reject(self, status: int, message: bytes) -> None:
         self.transport.write(
             b"".join(
                 [
-                    STATUS_LINES[400],
+                    STATUS_LINES[status],
                     self.default_head(),
                     b"content-type: text/plain; charset=utf-8\r\n",
                     b"content-length: %d\r\n" % len(message),
@@ -280,12 +329,13 @@ def _address(transport: Any, which: str) -> tuple[str, int] | None:
     return None
 
 
-def connection_class(keep_alive: float, loop: Any) -> Any:
+def connection_class(keep_alive: float, loop: Any, max_header_bytes: int = MAX_HEADER_BYTES) -> Any:
     """What Uvicorn's ``http=`` takes: makes a :class:`Connection` on ``loop`` whose
-    idle time is ``keep_alive`` seconds, sharing one timer with the loop's others."""
+    idle time is ``keep_alive`` seconds, sharing one timer with the loop's others, and
+    whose requests' headers are bounded by ``max_header_bytes``."""
     idle: Delays[Connection] = backend().delays(keep_alive, Connection.close_idle)
 
     def connection(*args: Any, **kwargs: Any) -> Connection:
-        return Connection(*args, loop=loop, idle=idle, **kwargs)
+        return Connection(*args, loop=loop, idle=idle, max_header_bytes=max_header_bytes, **kwargs)
 
     return connection

@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 
 from ..lifecycle import serve_until_signal
-from ..recording import RecordWriter
+from ..record_writer import RecordWriter
 from ..scriptfile import ScriptFile
 from .app import Frontend
 from .intake import Limits
@@ -77,7 +77,9 @@ async def _uvicorn(
         lifespan="off",
         access_log=False,
         log_config=None,
-        http=connection_class(keep_alive, asyncio.get_running_loop()),  # (.protocol)
+        http=connection_class(  # (.protocol)
+            keep_alive, asyncio.get_running_loop(), frontend.limits.max_header_bytes
+        ),
         # The frontend reads neither X-Forwarded-* nor a banner: no middleware per request
         # for them (Hypercorn, on trio, reads none either).
         proxy_headers=False,
@@ -112,12 +114,16 @@ async def _hypercorn(
     from hypercorn.config import Config, Sockets
     from hypercorn.utils import wrap_app
 
+    from .protocol import MAX_URL_BYTES
+
     config = Config()
     config.accesslog = None
     config.errorlog = logging.getLogger("bls.hypercorn")
     config.graceful_timeout = 5
     config.keep_alive_timeout = 30
     config.keep_alive_max_requests = 1 << 62  # as Uvicorn: no cap on a connection's requests
+    # h11 bounds the whole head (a longer one is answered 400 and its connection closed).
+    config.h11_max_incomplete_size = frontend.limits.max_header_bytes + MAX_URL_BYTES
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     app = wrap_app(frontend, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     if sniffio.current_async_library() == "trio":
@@ -137,6 +143,17 @@ async def _hypercorn(
             )
             await anyio.sleep(0.05)  # asyncio's worker_serve has no started signal
             task_status.started()
+
+
+def _unrecorded(records: RecordWriter) -> str:
+    """What the closing line adds about records that were not written."""
+    counts = [
+        (records.dropped, "dropped: the writer did not keep up"),
+        (records.lost, "lost with a writer that died or was stopped"),
+        (records.failed, "failed to write"),
+    ]
+    said = [f"{n} {why}" for n, why in counts if n]
+    return f" ({'; '.join(said)})" if said else ""
 
 
 async def serve(
@@ -164,7 +181,8 @@ async def serve(
     from .otel import from_environment
 
     export = from_environment()
-    records = RecordWriter(record_to, app.path) if record_to else None
+    # (Made before anything starts: a folder that cannot be written is an error now.)
+    records = RecordWriter(record_to, app.path, finish_s=limits.grace) if record_to else None
     async with contextlib.AsyncExitStack() as stack:
         if records is not None:
             await stack.enter_async_context(records)
@@ -214,6 +232,6 @@ async def serve(
     if export is not None:
         export.close()
     if records is not None:
-        log.info("recorded %d request(s) in %s", records.sent, record_to)
+        log.info("recorded %d request(s) in %s%s", records.written, record_to, _unrecorded(records))
     log.info("stopped")
     return 0

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..bindings import load_target
 from ..config import AdmissionConfig, ConfigError
+from ..targets import load_target
 from .framing import HttpError, Scope
 
 __all__ = ["RequestHead", "TenantOf", "tenant_function", "tenant_of", "valid_tenant"]

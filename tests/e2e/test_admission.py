@@ -6,9 +6,11 @@ reaches the stage, inline and in a `bls worker`, and `bls.priority` changes it."
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -264,3 +266,29 @@ def test_the_priority_travels_to_a_remote_worker(backend: str) -> None:
             assert r.json()["priority"] == -5  # the script's bls.priority block
     finally:
         stop(worker.popen)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_queued_requests_whose_clients_left_give_up_their_places(
+    clients: Any, backend: str
+) -> None:
+    with serving(SCRIPT, "--max-inflight", "1", "--max-queued", "50", backend=backend) as server:
+        c = clients(server)
+        first = c.send("first", 3000)
+        _running(c.http, 1)
+        url = urlsplit(server.address)
+        body = b'{"ms": 10, "tag": "gone"}'
+        head = (
+            b"POST /v1/scripts/held HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        for _ in range(50):  # fill the queue, then leave
+            with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+                sock.sendall(head + body)
+        # Each gives its place up as its client leaves: the queue empties long before the
+        # request that holds the slot ends, and a live client waits in it, not refused.
+        wait_for(lambda: _queued(c.http) == 0, timeout=5)
+        live = c.send("live", 10, queued=1)
+        assert live.result().status_code == 200 and first.result().status_code == 200
+        metrics = c.http.get("/metrics").text
+        assert 'bls_cancellations_total{reason="disconnect"} 50.0' in metrics

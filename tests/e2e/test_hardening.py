@@ -439,3 +439,125 @@ def test_a_body_that_stalls_gets_408_and_frees_its_admission_slot(backend: str) 
         finally:
             for sock in trickles:
                 sock.close()
+
+
+# -- a request's head: bounded, whatever the client sends ----------------------------------
+
+
+def _send_head(address: str, head: bytes, timeout: float = 30) -> bytes:
+    """Send ``head`` (in pieces, as a slow big client would) and read the answer until the
+    server closes; what it answered."""
+    url = urlsplit(address)
+    with socket.create_connection((url.hostname, url.port), timeout=timeout) as sock:
+        try:
+            for i in range(0, len(head), 1 << 20):
+                sock.sendall(head[i : i + (1 << 20)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it answered and closed before all of it went
+        data = b""
+        sock.settimeout(timeout)
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        return data
+
+
+def test_heads_over_the_bounds_get_431_and_414_and_the_memory_comes_back() -> None:
+    with serving(KEEP) as server:
+        body = b'{"value": 1}'
+        post = b"POST /v1/scripts/keep HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n"
+        ok = _send_head(server.address, post + b"X-Big: " + b"a" * 15_000 + b"\r\n"
+                        b"Connection: close\r\n\r\n" + body)  # fmt: skip
+        assert ok.startswith(b"HTTP/1.1 200"), ok[:200]
+        before = rss_mb(server.pid)
+        for _ in range(4):
+            huge = post + b"X-Big: " + b"a" * (48 << 20) + b"\r\n\r\n" + body
+            answer = _send_head(server.address, huge)
+            assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large"), answer[:200]
+            assert answer.endswith(b"the request's headers are over the 16384-byte limit")
+        many = post + b"".join(b"X-%d: v\r\n" % i for i in range(5000)) + b"\r\n" + body
+        assert _send_head(server.address, many).startswith(b"HTTP/1.1 431")
+        long_url = b"GET /" + b"u" * (64 << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+        answer = _send_head(server.address, long_url)
+        assert answer.startswith(b"HTTP/1.1 414 Request-URI Too Long"), answer[:200]
+        assert answer.endswith(b"the URL is over the 8192-byte limit")
+        # A new client is served, and what the big heads took is back.
+        again = httpx.post(f"{server.address}/v1/scripts/keep", json={"value": 2}, timeout=10)
+        assert again.status_code == 200
+        assert rss_mb(server.pid) - before < 20
+
+
+def test_the_header_bound_is_a_flag() -> None:
+    with serving(KEEP, "--max-header-bytes", "65536") as server:
+        headers = {"x-big": "a" * 40_000}
+        got = httpx.post(f"{server.address}/v1/scripts/keep", json={"value": 1}, headers=headers)
+        assert got.status_code == 200
+
+
+def test_a_big_head_on_trio_is_refused_and_the_server_still_serves() -> None:
+    with serving(KEEP, backend="trio") as server:
+        post = b"POST /v1/scripts/keep HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n"
+        huge = post + b"X-Big: " + b"a" * (8 << 20) + b"\r\n\r\n" + b'{"value": 1}'
+        answer = _send_head(server.address, huge)
+        assert answer.startswith(b"HTTP/1.1 4") or answer == b"", answer[:200]
+        again = httpx.post(f"{server.address}/v1/scripts/keep", json={"value": 2}, timeout=10)
+        assert again.status_code == 200
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_path_cannot_write_a_line_of_its_own_into_the_log(backend: str) -> None:
+    with serving(KEEP, backend=backend) as server:
+        forged = "/v1/scripts/keep%0D%0A2026-01-01 00:00:00,000 INFO bls.access: forged%1B[31m"
+        got = httpx.post(f"{server.address}{forged}", json={"value": 1}, timeout=10)
+        assert got.status_code == 404
+        wait_for(lambda: "forged" in server.log())
+    lines = [line for line in server.log().splitlines() if "forged" in line]
+    assert len(lines) == 1 and "bls.access" in lines[0].split("INFO", 1)[1][:12]
+    assert "\\r\\n2026-01-01" in lines[0] and "\\x1b[31m" in lines[0]
+
+
+def test_a_bad_header_value_is_quoted_short_in_the_answer() -> None:
+    with serving(KEEP) as server:
+        for name in ("x-priority", "x-request-timeout"):
+            got = httpx.post(
+                f"{server.address}/v1/scripts/keep",
+                json={"value": 1},
+                headers={name: "9" * 10_000 + "x"},
+                timeout=10,
+            )
+            error = got.json()["error"]
+            assert got.status_code == 400 and len(error["message"]) < 200, error["message"]
+            assert error["message"].endswith("(10001 bytes)")
+
+
+def test_a_caller_whose_hello_was_refused_has_its_calls_refused() -> None:
+    with worker(f"{STAGES}:keep", "--stage", "keep") as proc, raw_peer(proc.address) as peer:
+        old = wire.encode_hello(wire.Hello(1, "keep"))  # a caller of protocol 1
+        peer.send(Header(kind=Kind.HELLO), old)
+        info = wire.decode_info(peer._next(Kind.HELLO)[1][0])
+        assert info.error.startswith("protocol mismatch: the worker speaks bls wire protocol 2")
+        peer.call(1, _payload("x"))
+        error = peer.error(1)
+        assert error.kind == "unavailable"
+        assert error.message.startswith("the worker refused this caller: protocol mismatch")
+        peer.send(Header(kind=Kind.HELLO), wire.encode_hello(wire.Hello(wire.PROTOCOL, "keep")))
+        assert not wire.decode_info(peer._next(Kind.HELLO)[1][0]).error
+        peer.call(2, _payload("y"))  # taken again once its hello is
+        kind, rest = peer.answer(2)
+        assert kind == Kind.END and msgspec.msgpack.decode(rest[0]) == {"value": "y"}
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0
+    assert proc.stats()["completed"] == 1  # the refused call never ran
+
+
+def test_a_stage_whose_worker_refused_the_caller_says_so_in_the_503(tmp_path: Path) -> None:
+    with worker(f"{STAGES}:keep", "--stage", "other") as proc:
+        with serving(KEEP, "--bind", f"keep={proc.address}") as server:
+            got = httpx.post(f"{server.address}/v1/scripts/keep", json={"value": 1}, timeout=10)
+            ready = httpx.get(f"{server.address}/ready", timeout=10)
+    assert got.status_code == 503 and ready.status_code == 503
+    message = got.json()["error"]["message"]
+    assert "refused: this worker serves stage 'other', not 'keep'" in message, message
+    assert "not connected yet" not in message

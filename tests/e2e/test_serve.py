@@ -162,6 +162,15 @@ def test_missing_field_is_named(http: httpx.Client) -> None:
     assert "text" in error["message"]
 
 
+def test_an_empty_body_says_so_and_what_the_entry_expects(http: httpx.Client) -> None:
+    for body in (b"", b"  \n"):
+        r = http.post("/v1/scripts/greet", content=body)
+        assert r.status_code == 422
+        assert r.json()["error"]["message"] == (
+            "the body is empty: entry 'greet' expects a JSON object (required fields: `text`)"
+        )
+
+
 def test_huge_body_gets_413_before_it_is_read(server: Proc) -> None:
     """The declared length is refused at once; the server does not wait for the body."""
     url = urlsplit(server.address)
