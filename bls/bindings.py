@@ -10,12 +10,7 @@ kind, in ``bls.transport``), so this module imports none of them.
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -26,10 +21,11 @@ import msgspec
 
 from .entry import Script
 from .errors import InvalidRequest, StageError
+from .loop import backend
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
-from .paths import missing
 from .scope import NO_CONTEXT, CallContext
-from .traffic import Policy
+from .targets import load_target
+from .traffic import Policy, Traffic
 from .worker import Worker
 
 __all__ = [
@@ -37,7 +33,6 @@ __all__ = [
     "InlineBinding",
     "Wrapper",
     "binding_for",
-    "load_target",
     "scheme_of",
     "worker_error",
 ]
@@ -122,6 +117,17 @@ class Binding:
         """Whether calls can be made now (remote: some replica is connected)."""
         return True
 
+    def counts(self) -> dict[str, Traffic]:
+        """What the stage's traffic policy did (``/metrics``), by version ("" for a stage
+        without versions); empty where no policy acts (a call in process has no replica
+        to hedge to, retry on or eject)."""
+        return {}
+
+    def models(self) -> list[str]:
+        """The model names its workers serve (:meth:`bls.Worker.served_models`), which
+        the chat route answers to as ``vllm serve`` would."""
+        return []
+
     def resolve_later(self, check: Callable[[], list[str]]) -> bool:
         """Whether the binding can run before it can answer (a remote stage whose workers
         are not up yet). If it can, it takes ``check`` to vet the types it learns later
@@ -182,6 +188,12 @@ class Wrapper(Binding):
     def ready(self) -> bool:
         return self.inner.ready()
 
+    def counts(self) -> dict[str, Traffic]:
+        return self.inner.counts()
+
+    def models(self) -> list[str]:
+        return self.inner.models()
+
     def expect(self, tp: Any) -> None:
         super().expect(tp)
         self.inner.expect(tp)
@@ -207,7 +219,22 @@ def worker_error(stage: str, exc: BaseException) -> StageError:
             exc.stage = stage
         return exc
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return StageError(stage, type(exc).__name__, str(exc), tb)
+    return StageError(stage, type(exc).__name__, str(exc) + _hint(exc), tb)
+
+
+def _hint(exc: BaseException) -> str:
+    """What a newcomer's exception leaves out: asyncio called where trio runs."""
+    if isinstance(exc, RuntimeError) and str(exc) == "no running event loop":
+        try:
+            running = backend().name
+        except RuntimeError:
+            return ""
+        if running == "trio":
+            return (
+                " (asyncio was called in a process that runs on trio: use anyio, which runs "
+                "on both (anyio.sleep, anyio.to_thread.run_sync, ...), or --backend asyncio)"
+            )
+    return ""
 
 
 class _InlineStream:
@@ -291,6 +318,9 @@ class InlineBinding(Binding):
     def worker(self) -> Worker | None:
         return self._worker
 
+    def models(self) -> list[str]:
+        return self._worker.served_models() if self._worker is not None and self._started else []
+
     async def start(self) -> None:
         if self._worker is not None and not self._started:
             await self._worker.setup()
@@ -361,72 +391,6 @@ def _describe(target: Any) -> str:
     module = getattr(target, "__module__", None) or type(target).__module__
     qual = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}:{qual}"
-
-
-def _import_file(path: Path) -> Any:
-    """Import a ``.py`` file once, sharing the module with a plain ``import stem``."""
-    path = path.resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    stem = path.stem
-    existing = sys.modules.get(stem)
-    if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == path:
-        return existing
-    if existing is None and stem.isidentifier():
-        name = stem
-    else:
-        digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-        name = f"_bls_{digest}_{stem}"
-        if name in sys.modules:
-            return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
-
-
-def load_module(spec: str, base: Path | None = None) -> Any:
-    """Import ``pkg.module`` or ``path/to/file.py`` (relative to ``base``, the folder of
-    the file that names it, or the current directory: see :mod:`bls.paths`)."""
-    if spec.endswith(".py") or "/" in spec:
-        path = Path(spec)
-        if not path.is_absolute() and base is not None:
-            path = base / path
-        if not path.is_file():
-            raise FileNotFoundError(missing(spec, path.resolve()))
-        parent = str(path.resolve().parent)
-        if parent not in sys.path:
-            # Lets the file import its neighbours, as `python file.py` would.
-            sys.path.insert(0, parent)
-        return _import_file(path)
-    return importlib.import_module(spec)
-
-
-def load_target(target: str, base: Path | None = None) -> Any:
-    """Resolve ``module:attr`` or ``path/to/file.py:attr`` to the object it names."""
-    module_part, sep, attr = target.rpartition(":")
-    if not sep or not module_part or not attr:
-        raise ValueError(
-            f"binding target {target!r} must look like 'module:attr' or 'file.py:attr'"
-        )
-    module = load_module(module_part, base)
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{module_part} has no attribute {part!r}{hint}") from None
-    return obj
 
 
 # -- making bindings from targets ---------------------------------------------------------

@@ -24,11 +24,14 @@ from typing import Annotated, Any
 
 import msgspec
 
+from .messages import unknown_field_hint
+
 __all__ = [
     "Eject",
     "Hedge",
     "Latencies",
     "Policy",
+    "PolicyError",
     "Retry",
     "RetryBudget",
     "Traffic",
@@ -121,20 +124,27 @@ class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return self.hedge is not None or self.retry is not None
 
 
-def policy_from(stage: str, fields: dict[str, Any]) -> Policy:
-    """The policy ``fields`` (from bls.toml or ``bls.Stage``) give; ValueError naming the
-    stage and the field when they cannot, or when they would repeat a call of a stage
-    that is not idempotent."""
+class PolicyError(ValueError):
+    """A stage's traffic policy that cannot be, naming the stage and the field."""
+
+
+def policy_from(
+    stage: str, fields: dict[str, Any], *, idempotent: str = "`idempotent = true`"
+) -> Policy:
+    """The policy ``fields`` (from bls.toml or ``bls.Stage``) give; :class:`PolicyError`
+    naming the stage and the field when they cannot, or when they would repeat a call of
+    a stage that is not idempotent (saying to add ``idempotent``, written as where the
+    policy was written)."""
     try:
         policy = msgspec.convert(fields, Policy)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"stage {stage!r}: {_where(exc)}") from None
+        hint = unknown_field_hint(Policy, str(exc))
+        raise PolicyError(f"stage {stage!r}: {_where(exc)}{hint}") from None
     if policy.repeats and not policy.idempotent:
         which = " and ".join(k for k in ("hedge", "retry") if getattr(policy, k) is not None)
-        raise ValueError(
+        raise PolicyError(
             f"stage {stage!r}: {which} would send a call more than once, and the stage is "
-            "not declared idempotent: add `idempotent = true` if running a call twice is "
-            "safe"
+            f"not declared idempotent: add {idempotent} if running a call twice is safe"
         )
     return policy
 
@@ -218,9 +228,10 @@ class RetryBudget:
 class Traffic(msgspec.Struct):
     """What a stage's policy did, for ``/metrics``."""
 
+    # Extra copies sent = those that won + those cancelled + those that failed.
     hedges: int = 0  # extra copies sent
     hedges_won: int = 0  # calls a copy answered first
-    hedges_cancelled: int = 0  # copies (or originals) cancelled when another answered
+    hedges_cancelled: int = 0  # copies cancelled when the original (or another copy) answered
     retries: int = 0
     retries_denied: int = 0  # not made: the budget was spent
     ejections: int = 0

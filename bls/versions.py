@@ -27,7 +27,7 @@ from .bindings import Binding
 from .messages import Signature
 from .runtime import BindingError
 from .scope import NO_CONTEXT, CallContext
-from .traffic import Policy
+from .traffic import Policy, Traffic
 
 __all__ = ["Version", "VersionedBinding"]
 
@@ -114,6 +114,13 @@ class VersionedBinding(Binding):
 
     def ready(self) -> bool:
         return any(v.binding.ready() for v in self.versions)
+
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(n for v in self.versions for n in v.binding.models()))
+
+    def counts(self) -> dict[str, Traffic]:
+        """Each version's counts, under its label (the policy acts within each one)."""
+        return {v.label: t for v in self.versions for t in v.binding.counts().values()}
 
     def expect(self, tp: Any) -> None:
         super().expect(tp)

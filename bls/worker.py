@@ -31,6 +31,11 @@ class Worker:
     async def teardown(self) -> None:
         """Release what ``setup`` took. Runs once, at shutdown."""
 
+    def served_models(self) -> list[str]:
+        """The model names a chat client may ask for by this worker (after ``setup``):
+        what an OpenAI-compatible server over it answers to. None by default."""
+        return []
+
     def __call__(self, req: Any) -> Any:
         """Handle one request: override with an ``async def`` (unary) or an async
         generator (streaming)."""

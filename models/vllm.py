@@ -143,6 +143,7 @@ class VllmWorker(bls.Worker):
 
     def __init__(self, options: VllmOptions | None = None) -> None:
         super().__init__(options or VllmOptions())
+        self.model = ""  # the model directory loaded (set up)
         self.engine: Any = None
         self.tokenizer: Any = None
         self.aborted = 0
@@ -160,6 +161,7 @@ class VllmWorker(bls.Worker):
             from .tiny import build
 
             model = str(build())
+        self.model = model
         kwargs: dict[str, Any] = {
             "model": model,
             "dtype": opts.dtype,
@@ -189,6 +191,14 @@ class VllmWorker(bls.Worker):
             # vLLM's own default (5 s) is short for its engine core on a busy CPU: past it,
             # the core is killed and a warning printed at every exit.
             engine.shutdown(timeout=30)
+
+    def served_models(self) -> list[str]:
+        """What ``vllm serve`` over the same engine answers to: ``served_model_name``
+        (an ``engine`` option) when given, else the model's directory as it was named."""
+        named = self.options.engine.get("served_model_name")
+        if named:
+            return [named] if isinstance(named, str) else list(named)
+        return [self.model] if self.model else []
 
     def unfinished(self) -> int:
         """Requests the engine still holds (0 once every call has ended or been aborted)."""

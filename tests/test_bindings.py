@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 import bls
-from bls.bindings import InlineBinding, load_target, worker_error
+from bls.bindings import InlineBinding, worker_error
+from bls.targets import load_target
 
 pytestmark = pytest.mark.anyio
 
@@ -65,3 +66,19 @@ def test_targets_name_a_module_or_a_file_and_an_attribute(tmp_path) -> None:  # 
         load_target("no-colon")
     with pytest.raises(ValueError, match="has no attribute 'g'"):
         load_target(f"{tmp_path}/w.py:g")
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_asyncio_called_on_trio_says_what_to_use_instead() -> None:
+    import asyncio
+
+    async def naps(req: int) -> int:
+        await asyncio.sleep(0.01)  # a newcomer's habit
+        return req
+
+    async with bls.Runtime({"nap": naps}) as rt:
+        with pytest.raises(bls.StageError) as caught:
+            await rt.call("nap", 1)
+    assert caught.value.kind == "RuntimeError"
+    assert caught.value.message.startswith("no running event loop (asyncio was called")
+    assert "use anyio" in caught.value.message and "--backend asyncio" in caught.value.message

@@ -3,6 +3,7 @@ budget's arithmetic, hedge delays from recent latencies, and bls.remaining()."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import anyio
@@ -10,7 +11,7 @@ import pytest
 
 import bls
 from bls.scope import CallContext
-from bls.traffic import Latencies, RetryBudget, Traffic, policy_from
+from bls.traffic import Latencies, PolicyError, RetryBudget, Traffic, policy_from
 from transport import attempts
 
 
@@ -66,8 +67,14 @@ def test_a_typed_handle_checks_its_policy_where_it_is_written() -> None:
     class Req(bls.Message):
         n: int
 
-    with pytest.raises(ValueError, match="stage 'gen': hedge would send a call more than once"):
+    line = sys._getframe().f_lineno + 2  # the handle's own line, where the fix goes
+    with pytest.raises(PolicyError) as caught:
         bls.Stage("gen", Req, Req, hedge={"after_ms": 20})
+    assert str(caught.value) == (
+        f"{__file__}:{line}: bls.Stage('gen', ...): stage 'gen': hedge would send a call "
+        "more than once, and the stage is not declared idempotent: add `idempotent=True` if "
+        "running a call twice is safe"
+    )
     handle = bls.Stage("gen", Req, Req, idempotent=True, retry={"attempts": 2})
     assert handle.policy is not None and handle.policy.retry is not None
     assert handle.policy.retry.attempts == 2
@@ -152,3 +159,47 @@ async def test_a_hedged_call_whose_copies_see_the_deadline_pass_raises_deadline_
     with pytest.raises(bls.DeadlineExceeded, match="deadline passed in the worker"):
         await attempts.call(replicas, [], CallContext())  # type: ignore[arg-type]
     assert replicas.copies == 2 and replicas.traffic.hedges == 1
+
+
+class _Copies:
+    """A stand-in replica set whose copies answer after the given delays, in order."""
+
+    description = "stand-in"
+
+    def __init__(self, *delays: float, max_copies: int = 1) -> None:
+        fields = {"idempotent": True, "hedge": {"after_ms": 10, "max": max_copies}}
+        self.policy = policy_from("work", fields)
+        self.traffic = Traffic()
+        self.latencies = Latencies()
+        self.retry_budget = None
+        self.connections = [SimpleNamespace(alive=True, retired=False) for _ in range(3)]
+        self.delays = list(delays)
+
+    async def answer(self, body: list, ctx: CallContext, busy: list | None = None) -> list:
+        n = len(busy or []) if busy is not None else 0
+        if busy is not None:
+            busy.append(self.connections[n])
+        await anyio.sleep(self.delays[n])
+        return [f"copy {n}".encode()]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("delays", "won", "cancelled"),
+    [
+        ((1.0, 0.0), 1, 0),  # the copy wins: the original is cancelled, no copy is
+        ((0.03, 1.0), 0, 1),  # the original wins after the copy went: the copy is cancelled
+        ((1.0, 1.0, 0.0), 1, 1),  # the second copy wins: the first copy is cancelled
+    ],
+)
+async def test_hedges_cancelled_counts_copies_that_lost(
+    delays: tuple[float, ...], won: int, cancelled: int
+) -> None:
+    replicas = _Copies(*delays, max_copies=len(delays) - 1)
+    await attempts.call(replicas, [], CallContext())  # type: ignore[arg-type]
+    sent = replicas.traffic.hedges
+    assert (sent, replicas.traffic.hedges_won, replicas.traffic.hedges_cancelled) == (
+        len(delays) - 1,
+        won,
+        cancelled,
+    )

@@ -113,7 +113,7 @@ async def _hedged(
         except (StageError, DeadlineExceeded) as exc:  # (the worker saw the deadline pass)
             errors.append(exc)
         except anyio.get_cancelled_exc_class():
-            if answers:  # another copy answered first
+            if answers and not first:  # a hedged copy, and the original or another answered
                 traffic.hedges_cancelled += 1
             raise
         else:

@@ -30,6 +30,7 @@ from bls.messages import shape
 from bls.scope import NO_CONTEXT, CallContext
 
 from . import wire
+from .ejection import Health
 from .keys import client_curve
 from .liveness import ticks
 from .sockets import AsyncSocket
@@ -57,12 +58,15 @@ _monitors = 0  # monitor sockets made so far (each needs an endpoint of its own)
 
 
 class Call:
-    """One call's inbox: frames for it, in order, as the reader delivers them."""
+    """One call's inbox: frames for it, in order, as the reader delivers them; when it
+    was sent, and whether its time was counted for its replica's health (.ejection)."""
 
-    __slots__ = ("backend", "done", "id", "items", "spans", "waiter")
+    __slots__ = ("backend", "done", "id", "items", "sent", "spans", "timed", "waiter")
 
     def __init__(self, call_id: int, backend: loop.Backend) -> None:
         self.id = call_id
+        self.sent = time.monotonic()
+        self.timed = False
         self.items: collections.deque[tuple[int, Any]] = collections.deque()
         self.backend = backend
         self.waiter: loop.Waiter | None = None
@@ -93,12 +97,7 @@ class Connection:
         self.alive = False
         self.reason = "not connected yet"
         self.calls: dict[int, Call] = {}
-        # Outlier ejection (.ejection keeps these): failed calls in
-        # a row, out of rotation until (monotonic seconds), times ejected in a row.
-        self.failures = 0
-        self.ejected_until = 0.0
-        self.ejections = 0
-        self.recent: collections.deque[float] = collections.deque(maxlen=8)  # call seconds
+        self.health = Health()  # its standing for outlier ejection (.ejection's alone)
         self.acked = 0
         self.last_heard = 0.0
         # Cancelled traced calls: call id -> (trace, span) their worker's spans belong to.
@@ -310,6 +309,8 @@ class Connection:
             return
         if info.error:
             self._hello_error = f"{self.address}: {info.error}"
+            self.reason = f"refused: {info.error}"
+            log.error("stage %r: %s refused this caller: %s", self.stage, self.address, info.error)
         elif self.info is not None and serves(info) != serves(self.info):
             self._hello_error = f"{self.address} came back serving a different schema"
             log.error("stage %r: %s: refusing it", self.stage, self._hello_error)

@@ -15,7 +15,6 @@ are :mod:`.attempts`'; a streaming call's items and credit are :mod:`.stream`'s.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -27,9 +26,10 @@ import msgspec
 from bls.bindings import Binding
 from bls.config import TransportConfig
 from bls.errors import InvalidRequest, StageError
-from bls.messages import Signature
+from bls.messages import Signature, type_name
 from bls.scope import NO_CONTEXT, CallContext
 from bls.traffic import REQUEST_FAULTS, Latencies, Policy, RetryBudget, Traffic
+from bls.typenames import loaded_class
 
 from . import attempts, ejection, wire
 from .connection import LOST_STARTED, LOST_UNSTARTED, Call, Connection, adopt_spans, serves
@@ -41,20 +41,6 @@ __all__ = ["RemoteBinding", "remote_binding"]
 log = logging.getLogger("bls.transport")
 
 _RETRYABLE = ("overloaded", "unavailable")  # kinds a worker uses to refuse before starting
-
-
-def _resolve(path: str) -> Any:
-    """The class a worker names, if the caller has already imported its module."""
-    module_name, _, qual = path.partition(":")
-    module = sys.modules.get(module_name)
-    if not qual or module is None:
-        return Any
-    obj: Any = module
-    for part in qual.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return Any
-    return obj if isinstance(obj, type) else Any
 
 
 class RemoteBinding(Binding):
@@ -139,6 +125,7 @@ class RemoteBinding(Binding):
             raise RuntimeError("a remote binding needs the runtime's task group")
         self._tg = tg
         self._answered = anyio.Event()
+        tg.start_soon(ejection.watch, self)  # calls still running far past their peers'
         if self.registered_as is not None:
             await self._open_discovered(tg)
             return
@@ -227,8 +214,9 @@ class RemoteBinding(Binding):
     def _take_types(self, info: WorkerInfo) -> None:
         """Take the types a replica serves as the stage's."""
         self.signature = Signature(
-            request=_resolve(info.request_type),
-            response=_resolve(info.response_type),
+            # The classes the worker names, if the caller has loaded their modules.
+            request=loaded_class(info.request_type),
+            response=loaded_class(info.response_type),
             streaming=info.streaming,
         )
         self.request_schema = info.request_schema
@@ -277,6 +265,13 @@ class RemoteBinding(Binding):
     def ready(self) -> bool:
         return any(c.alive and not c.retired for c in self.connections)
 
+    def counts(self) -> dict[str, Traffic]:
+        return {"": self.traffic}
+
+    def models(self) -> list[str]:
+        infos = (c.info for c in self.connections if c.info is not None and c.alive)
+        return list(dict.fromkeys(name for info in infos for name in info.models))
+
     @property
     def inflight(self) -> dict[str, int]:
         """The calls in flight on each replica, by address."""
@@ -301,7 +296,7 @@ class RemoteBinding(Binding):
             conn = self.connections[(self._rotation + i) % n]
             if not conn.alive or conn.retired or conn in tried:
                 continue
-            if conn.ejected_until > now:
+            if not ejection.in_rotation(conn, now):
                 ejected = ejected or conn
             elif best is None or len(conn.calls) < len(best.calls):
                 best = conn
@@ -335,8 +330,9 @@ class RemoteBinding(Binding):
         try:
             return codec.decode(rest[0], rest[1:])
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            expected = type_name(self.result_type)
             raise StageError(
-                self.name, "invalid_response", f"result does not match the expected type: {exc}"
+                self.name, "invalid_response", f"result does not match {expected}: {exc}"
             ) from None
 
     async def start_call(
@@ -369,8 +365,10 @@ class RemoteBinding(Binding):
                 span.replica = conn.address
             try:
                 kind, rest = await call.get()
-            except BaseException:
+            except BaseException as exc:
                 conn.end_call(call, ctx)
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    ejection.cut(self, conn, call, ctx.deadline)
                 raise
             if kind == LOST_UNSTARTED:
                 conn.end_call(call)
@@ -397,6 +395,7 @@ class RemoteBinding(Binding):
                 raise self.error(info, conn)
             if span is not None:
                 span.bytes_out += wire.frame_sizes(body)
+            ejection.took(self, conn, call)  # (a unary call's whole; a stream's first item)
             if kind == Kind.END:  # a unary call's answer (a stream's first item: not yet)
                 ejection.outcome(self, conn, failed=False)
             return conn, call, kind, rest
@@ -418,18 +417,10 @@ class RemoteBinding(Binding):
     ) -> Any:
         """One unary call, its answer's frames (not decoded); its latency noted."""
         started = time.monotonic()
-        picked = len(busy) if busy is not None else 0
-        try:
-            conn, call, _, rest = await self.start_call(body, 0, ctx, busy)
-        except anyio.get_cancelled_exc_class():
-            if busy is not None and len(busy) > picked:  # a hedge's loser: slow so far
-                ejection.took(self, busy[picked], time.monotonic() - started)
-            raise
+        conn, call, _, rest = await self.start_call(body, 0, ctx, busy)
         conn.end_call(call)
         adopt_spans(call, ctx)
-        took = time.monotonic() - started
-        self.latencies.add(took)
-        ejection.took(self, conn, took)
+        self.latencies.add(time.monotonic() - started)
         return rest
 
     def decode_item(self, rest: Any, ctx: CallContext) -> Any:

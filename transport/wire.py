@@ -105,6 +105,7 @@ class WorkerInfo(msgspec.Struct, frozen=True):
     instance: str  # random per process: a changed value means the worker restarted
     max_inflight: int
     error: str = ""  # set when the worker refuses the hello (version or stage mismatch)
+    models: list[str] = []  # the model names it serves (bls.Worker.served_models)
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

@@ -1,8 +1,8 @@
 """``bls worker --metrics-port``: how loaded a worker is, in Prometheus text, for an
 autoscaler to scale its stage on (deploy/k8s/autoscaling.yaml, docs/deploy.md).
 
-Served from a thread of its own (``prometheus_client``'s HTTP server), so a scrape never
-waits on the event loop, nor the loop on a scrape; it only reads counters the loop keeps.
+Served from a thread of its own (:mod:`.scrapes`), so a scrape never waits on the event
+loop, nor the loop on a scrape; it only reads counters the loop keeps.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .scrapes import ScrapeServer
 from .worker_server import WorkerServer
 
 __all__ = ["serve_metrics"]
@@ -70,14 +71,8 @@ def serve_metrics(server: WorkerServer, host: str, port: int) -> tuple[str, Call
     """Serve ``/metrics`` on ``host:port`` (0: a free port): its URL, and what stops it."""
     registry = CollectorRegistry()
     registry.register(_Load(server))
-    http, thread = start_http_server(port, host, registry)
-    bound = http.server_address[1]
-    url = f"http://{host}:{bound}/metrics"
+    scrapes = ScrapeServer(lambda: generate_latest(registry), CONTENT_TYPE_LATEST, host, port)
+    scrapes.start()
+    url = f"http://{host}:{scrapes.port}/metrics"
     log.info("stage %r: metrics on %s", server.stage, url)
-
-    def stop() -> None:
-        http.shutdown()
-        http.server_close()
-        thread.join(5)
-
-    return url, stop
+    return url, scrapes.stop

@@ -29,6 +29,7 @@ from bls.errors import StageError
 from bls.lifecycle import Drain
 from bls.messages import json_schema
 from bls.tracing import Trace
+from bls.typenames import class_path
 
 from . import wire
 from .liveness import ticks
@@ -53,13 +54,7 @@ class _Client(msgspec.Struct):
     acked: int = 0  # highest call id acknowledged
     last_heard: float = 0.0
     inflight: int = 0  # its calls running now
-
-
-def type_path(tp: Any) -> str:
-    """``module:QualName`` for a named class (lets a caller that has it use it)."""
-    if isinstance(tp, type) and tp.__module__ != "builtins" and "<locals>" not in tp.__qualname__:
-        return f"{tp.__module__}:{tp.__qualname__}"
-    return ""
+    refused: str = ""  # why its hello was refused: its calls are refused too
 
 
 class WorkerServer:
@@ -129,10 +124,11 @@ class WorkerServer:
             streaming=sig.streaming,
             request_schema=json_schema(sig.request),
             response_schema=json_schema(sig.response),
-            request_type=type_path(sig.request),
-            response_type=type_path(sig.response),
+            request_type=class_path(sig.request),
+            response_type=class_path(sig.response),
             instance=self.instance,
             max_inflight=max_inflight,
+            models=binding.models(),
         )
         self._heartbeat = wire.encode_heartbeat(self.instance)
 
@@ -303,28 +299,29 @@ class WorkerServer:
         elif kind == Kind.HEARTBEAT:
             self._send(client, Kind.HEARTBEAT, 0, [self._heartbeat])
         elif kind == Kind.HELLO:
-            self._on_hello(client, rest)
+            self._on_hello(peer, client, rest)
         else:
             self.stats.dropped += 1
 
-    def _on_hello(self, client: bytes, rest: Any) -> None:
+    def _on_hello(self, peer: _Client, client: bytes, rest: Any) -> None:
+        """Answer a caller's hello with what this worker serves, or why it refuses the
+        caller; a refused caller's calls are refused from then on (until a hello of it
+        is taken)."""
         try:
             hello = wire.decode_hello(rest[0])
         except (msgspec.DecodeError, msgspec.ValidationError):
             self.stats.dropped += 1
             return
-        info = self._info
+        refused = ""
         if hello.protocol != wire.PROTOCOL:
-            info = msgspec.structs.replace(
-                info,
-                error=f"protocol mismatch: the worker speaks bls wire protocol "
-                f"{wire.PROTOCOL}, the caller {hello.protocol}",
+            refused = (
+                f"protocol mismatch: the worker speaks bls wire protocol {wire.PROTOCOL}, "
+                f"the caller {hello.protocol}"
             )
         elif self.strict_name and hello.stage and hello.stage != self.stage:
-            info = msgspec.structs.replace(
-                info,
-                error=f"this worker serves stage {self.stage!r}, not {hello.stage!r}",
-            )
+            refused = f"this worker serves stage {self.stage!r}, not {hello.stage!r}"
+        peer.refused = refused
+        info = msgspec.structs.replace(self._info, error=refused) if refused else self._info
         self._send(client, Kind.HELLO, 0, [wire.encode_info(info)])
 
     def _on_call(self, client: bytes, peer: _Client, header: Header, rest: Any) -> None:
@@ -354,6 +351,8 @@ class WorkerServer:
         """Why a new call is refused before it starts, as (error kind, message); None
         when it is taken. At the in-flight limit, a waiting call of lower priority may be
         refused in its place (:meth:`_displace`) to make room for it."""
+        if peer.refused:
+            return "unavailable", f"the worker refused this caller: {peer.refused}"
         if header.to != self.instance:
             # Sent to an earlier process at this address: never started, safe to retry.
             return "unavailable", "the worker restarted; call not started"

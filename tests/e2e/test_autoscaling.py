@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
+from pathlib import Path
 
 import anyio
 import httpx
@@ -15,6 +17,7 @@ from bls.bindings import binding_for
 
 from .cli import ROOT, bls_env
 from .procs import Proc, start, stop, wait_for
+from .rawio import receive_until
 
 STAGES = str(ROOT / "bench" / "policy_stages.py")
 
@@ -86,4 +89,36 @@ async def test_a_worker_reports_its_calls_in_flight_and_how_busy_it_is() -> None
         worker.signal(signal.SIGTERM)  # the metrics server stops with the worker
         assert worker.wait() == 0
     finally:
+        stop(worker.popen)
+
+
+def _threads(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/task").iterdir()))
+
+
+def test_stalled_scrapers_hold_no_thread_and_a_new_scraper_is_answered() -> None:
+    worker = start(
+        ["worker", f"{STAGES}:work", "--listen", "tcp://127.0.0.1:0", "--metrics-port", "0"]
+    )
+    stalled: list[socket.socket] = []
+    try:
+        url = metrics_url(worker)
+        host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+        before = _threads(worker.pid)
+        for i in range(300):  # connect; send half a request head, or nothing; never more
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            if i % 2:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            stalled.append(sock)
+        assert sample(url, "bls_worker_max_inflight") == 256  # a new scraper gets in
+        assert _threads(worker.pid) <= before
+        huge = socket.create_connection((host, int(port)), timeout=10)
+        huge.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 100_000)
+        assert receive_until(huge, lambda d: b"\r\n\r\n" in d).startswith(b"HTTP/1.1 431")
+        huge.close()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+    finally:
+        for sock in stalled:
+            sock.close()
         stop(worker.popen)

@@ -106,7 +106,9 @@ def test_stop_strings_and_sampling_fields_reach_the_engine(served: Proc) -> None
 
 
 def test_models_lists_the_served_chat_model(served: Proc) -> None:
-    assert [m.id for m in client(served).models.list()] == ["tiny"]
+    """The entry's name first, then the engine's model directory (what `vllm serve`
+    answers to)."""
+    assert [m.id for m in client(served).models.list()] == ["tiny", str(tiny.default_dir())]
 
 
 def test_what_the_endpoint_cannot_honour_is_a_400_naming_the_field(served: Proc) -> None:
@@ -183,3 +185,17 @@ def test_bls_bench_drives_the_chat_route(served: Proc) -> None:
         summary = json.loads(out.stdout)
         assert summary["ok"] == 4 and summary["errors"] == {}
         assert (summary["first_item_ms"] is not None) == bool(stream)
+
+
+def test_the_engines_model_directory_is_a_name_the_endpoint_answers_to(served: Proc) -> None:
+    """A client configured for `vllm serve MODEL_DIR` names the model by its directory."""
+    model = str(tiny.default_dir())
+    openai_client = client(served)
+    answer = openai_client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        max_tokens=2,  # type: ignore[arg-type]
+    )
+    assert answer.model == model and answer.choices[0].message.content is not None
+    with pytest.raises(openai.NotFoundError, match="The model `other` does not exist"):
+        openai_client.chat.completions.create(model="other", messages=ASK)  # type: ignore[arg-type]

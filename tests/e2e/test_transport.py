@@ -639,3 +639,28 @@ async def test_a_hung_worker_is_caught_by_heartbeats(tmp_path: Path) -> None:
     assert failures[0].kind == "unavailable"
     assert "no heartbeat" in failures[0].message
     assert caught < 5
+
+
+@pytest.mark.anyio
+async def test_a_result_of_the_wrong_type_names_the_expected_one_remote_as_inline(
+    tmp_path: Path,
+) -> None:
+    liar = tmp_path / "liar.py"
+    liar.write_text("async def liar(req):\n    return 'not a number'\n")
+    handle = bls.Stage("liar", str, int)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from liar import liar as inline_liar  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    messages = []
+    with worker(f"{liar}:liar") as remote:
+        for target in (inline_liar, remote.address):
+            async with bls.Runtime({"liar": target}, declared=[handle]):
+                with pytest.raises(bls.StageError) as info:
+                    await handle("x")
+            assert info.value.kind == "invalid_response"
+            messages.append(info.value.message)
+    assert all(
+        m.startswith("result does not match int: Expected `int`, got `str`") for m in messages
+    )

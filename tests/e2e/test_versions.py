@@ -67,6 +67,11 @@ def test_calls_split_by_weight_and_each_version_is_counted(
         assert f"{line} {float(n)}" in metrics, metrics
     (work,) = [s for s in spans if s["name"] == "work" and not s["remote"]]
     assert work["version"] in ("v1", "v2")
+    # The policy acts within each version, and each version's counts are exported.
+    for name in ("v1", "v2"):
+        for counter in ("hedges", "retries", "ejections"):
+            line = f'bls_stage_{counter}_total{{stage="work",version="{name}"}} 0.0'
+            assert line in metrics, metrics
 
 
 def test_a_sticky_key_keeps_a_caller_on_one_version(
