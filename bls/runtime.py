@@ -451,10 +451,15 @@ async def _streams_closed() -> AsyncIterator[None]:
 
 
 def _own_scope(entry: Script, ctx: CallContext, timeout: float | None) -> RequestScope:
-    """A request's own scope inside its caller's (``ctx``): the caller's trace and span,
-    the caller's deadline carried, and ``timeout`` of its own."""
+    """A request's own scope inside its caller's (``ctx``): the caller's trace, span and
+    priority, the caller's deadline carried, and ``timeout`` of its own."""
     scope = RequestScope(
-        entry.name, trace=ctx.trace, span=ctx.span, carried=ctx.deadline, record=ctx.record
+        entry.name,
+        trace=ctx.trace,
+        span=ctx.span,
+        carried=ctx.deadline,
+        record=ctx.record,
+        priority=ctx.priority,
     )
     if timeout is not None:
         scope.expire_after(timeout)

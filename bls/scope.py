@@ -198,6 +198,9 @@ class RequestScope:
         self._token: contextvars.Token[CallContext] | None = None
         self._exited = self._cancel_called = False
         deadline = carried
+        _not_nan(carried)
+        if timeout is not None:
+            _not_nan(timeout)
         if timeout is not None and math.isfinite(timeout):  # (expire_after(), made at once)
             deadline = min(carried, time.time() + timeout)
             self._when = self._backend.now() + timeout
@@ -205,11 +208,15 @@ class RequestScope:
         self.ctx = CallContext(deadline, trace, span, OpenStreams(), record, priority)
 
     def expire_at(self, wall: float) -> None:
-        """Set the deadline to ``wall`` (epoch seconds; inf: none)."""
+        """Set the deadline to ``wall`` (epoch seconds; inf: none). ValueError for NaN,
+        as trio's scopes refuse it."""
+        _not_nan(wall)
         self._expire(wall, None if wall == math.inf else wall - time.time())
 
     def expire_after(self, seconds: float | None) -> None:
-        """Set the deadline ``seconds`` from now (None: none)."""
+        """Set the deadline ``seconds`` from now (None: none; ValueError for NaN)."""
+        if seconds is not None:
+            _not_nan(seconds)
         self._expire(math.inf if seconds is None else time.time() + seconds, seconds)
 
     def _expire(self, wall: float, seconds: float | None) -> None:
@@ -281,6 +288,11 @@ class RequestScope:
         finally:
             swallowed = bool(self._scope.__exit__(exc_type, exc, tb))
         return swallowed
+
+
+def _not_nan(value: float) -> None:
+    if math.isnan(value):
+        raise ValueError("a deadline must be a time or infinite, not NaN")
 
 
 class OpenStreams(set[Any]):

@@ -6,13 +6,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .bindings import Binding, Wrapper, load_module
+from .bindings import Binding, Wrapper
 from .check import StageUse, find_stage_uses, names_stages_dynamically, typed_handles
 from .config import Config, ConfigError, check_names, load_config, make_bindings
 from .entry import Script, entries
 from .paths import missing
 from .recording import RecordingBinding
 from .runtime import Runtime
+from .targets import load_module
 
 __all__ = ["ScriptFile"]
 
@@ -73,6 +74,16 @@ class ScriptFile:
         if not any(names_stages_dynamically(s) for s in sources):
             check_names(self.config, (u.name for u in self.uses), path)
 
+    def where_bound(self) -> list[str]:
+        """One line per stage: its name, its binding, and what bound it (the file and
+        table, or the ``--bind`` flag), for ``bls check`` and the start-up log."""
+        lines = []
+        for name in sorted(self.bindings):
+            stage = self.config.stages.get(name)
+            origin = f" ({_origin(stage.source)})" if stage is not None and stage.source else ""
+            lines.append(f"{name}: {self.bindings[name].description}{origin}")
+        return lines
+
     def entry(self, name: str | None) -> Script:
         """The entry called ``name``, or the only one when ``name`` is None."""
         if name is None:
@@ -98,3 +109,15 @@ class ScriptFile:
             uses=self.uses,
             start_unreachable=start_unreachable,
         )
+
+
+def _origin(source: str) -> str:
+    """What bound a stage, short: ``bls.toml`` (its path relative to here when it is
+    below), or the ``--bind`` flag itself."""
+    if source.startswith("--bind"):
+        return source
+    path, _, _ = source.partition(": [")
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path

@@ -6,12 +6,13 @@ Nothing here knows how a stage is bound; calls go through the current
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
 from .messages import Signature
 from .runtime import StageStream, current
-from .traffic import policy_from
+from .traffic import PolicyError, policy_from
 
 __all__ = ["Stage", "StreamStage", "stage"]
 
@@ -79,7 +80,14 @@ class Stage(Generic[Req, Resp]):
         # Its traffic policy (docs/policy.md), unless bls.toml gives the stage one.
         knobs = {"idempotent": idempotent, "hedge": hedge, "retry": retry}
         given = {k: v for k, v in knobs.items() if v not in (None, False)}
-        self.policy = policy_from(name, given) if given else None
+        try:
+            self.policy = (
+                policy_from(name, given, idempotent="`idempotent=True`") if given else None
+            )
+        except PolicyError as exc:  # said where the handle is made, as a config error is
+            caller = sys._getframe(1)
+            where = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+            raise PolicyError(f"{where}: bls.Stage({name!r}, ...): {exc}") from None
 
     def __call__(self, req: Req) -> Coroutine[Any, Any, Resp]:
         return current().call_declared(self.name, self.signature, req)

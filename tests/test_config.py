@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from bls.config import ConfigError, check_names, load_config, parse_bind
+from bls.config import ConfigError, check_names, load_config, make_bindings, parse_bind
 
 
 def _script(folder: Path, toml: str = "") -> Path:
@@ -78,12 +79,34 @@ def test_unknown_stage_names_are_refused_with_the_closest_one(tmp_path: Path) ->
     script = _script(tmp_path, '[stages.other_scripts_stage]\ninline = "m:x"\n')
     check_names(load_config(script), ["judge"], script)  # a shared file may bind others
     typo = load_config(script, binds=["jduge=m:y"])
-    with pytest.raises(ConfigError, match=r"no stage 'jduge' .*did you mean 'judge'\?"):
+    with pytest.raises(ConfigError) as caught:  # the script's judge is bound by nothing
         check_names(typo, ["judge", "draft"], script)
+    assert str(caught.value) == (
+        "--bind jduge=m:y: binds stage 'jduge', which the script does not use; the script "
+        "uses 'judge', which nothing binds: one of the two names is misspelt"
+    )
+    both = load_config(script, binds=["judge=m:x", "jduge=m:y"])
+    with pytest.raises(ConfigError, match=r"no stage 'jduge' .*did you mean 'judge'\?"):
+        check_names(both, ["judge", "draft"], script)  # judge is bound: jduge is the slip
     (tmp_path / "b").mkdir()
     near = _script(tmp_path / "b", '[stages.jugde]\ninline = "m:x"\n')  # a near miss
-    with pytest.raises(ConfigError, match="did you mean 'judge'"):
+    with pytest.raises(ConfigError, match="the script uses 'judge', which nothing binds"):
         check_names(load_config(near), ["judge"], near)
+
+
+def test_unknown_keys_say_which_key_was_meant(tmp_path: Path) -> None:
+    for toml, said in [
+        ('[stages.judge]\ninlin = "m:x"\n', "unknown field `inlin` (did you mean `inline`?)"),
+        ('[stage.judge]\ninline = "m:x"\n', "unknown field `stage` (did you mean `stages`?)"),
+        ("[admission.tenants.a]\nrat = 2\n", "unknown field `rat` (did you mean `rate`?)"),
+    ]:
+        script = _script(tmp_path, toml)
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_config(script)
+    toml = '[stages.judge]\ninline = "asyncio:sleep"\nhedge = { afer_ms = 2 }\n'
+    meant = "hedge: Object contains unknown field `afer_ms` (did you mean `after_ms`?)"
+    with pytest.raises(ConfigError, match=re.escape(meant)):
+        make_bindings(load_config(_script(tmp_path, toml)))
 
 
 def test_discovered_stages_from_the_file_and_the_command_line(tmp_path: Path) -> None:

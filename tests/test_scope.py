@@ -235,3 +235,34 @@ async def test_a_deadline_removed_or_moved_later_does_not_fire() -> None:
         scope.expire_after(10)
         await anyio.sleep(0.02)
     assert not scope.cancelled_caught
+
+
+async def test_a_nan_deadline_is_refused_as_trio_refuses_it() -> None:
+    scope = RequestScope("r")
+    for set_it in (scope.expire_at, scope.expire_after):
+        with pytest.raises(ValueError, match="a deadline must be a time or infinite, not NaN"):
+            set_it(math.nan)
+    with pytest.raises(ValueError, match="not NaN"):
+        RequestScope("r", timeout=math.nan)
+    scope.expire_at(math.inf)  # none: still fine
+    async with scope:
+        await anyio.sleep(0.001)
+    assert not scope.cancelled_caught
+
+
+async def test_a_request_run_inside_another_keeps_the_callers_priority() -> None:
+    seen: list[int] = []
+
+    async def note(req: int) -> int:
+        seen.append(current().priority)
+        return req
+
+    @bls.script
+    async def inner(req: int) -> int:
+        return await bls.stage("note", req)
+
+    async with Runtime({"note": note}) as rt:
+        with bls.priority(5):
+            await rt.run(inner, 1, timeout=1)  # (a scope of its own: the timeout)
+            await rt.run(inner, 2)
+    assert seen == [5, 5]

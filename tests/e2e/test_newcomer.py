@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -172,3 +173,35 @@ def test_a_bad_request_names_its_entry_as_entry_not_as_a_stage(whoami: Proc) -> 
     error = r.json()["error"]
     assert error["entry"] == "greet" and error["stage"] is None and error["code"] == 422
     assert "did you mean `text`?" in error["message"], error
+
+
+# -- the first screen: where each stage is bound; no build warnings -----------------------
+
+
+def test_check_and_serve_say_where_each_stage_is_bound() -> None:
+    out = run_bls("check", "examples/hello.py")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "ok: 1 entrypoint(s), 2 stage(s) bound: draft, judge",
+        "  draft: inline hello_stages.py:draft (examples/bls.toml)",
+        "  judge: inline hello_stages.py:judge (examples/bls.toml)",
+    ]
+    moved = run_bls("check", "examples/hello.py", "--bind", "judge=examples/hello_stages.py:judge")
+    assert "  judge: inline examples/hello_stages.py:judge (--bind judge=" in moved.stdout
+    with serving("examples/hello.py") as server:
+        pass
+    assert "stage draft: inline hello_stages.py:draft (examples/bls.toml)" in server.log()
+
+
+def test_building_the_package_prints_no_deprecation(tmp_path: Path) -> None:
+    """The metadata a newcomer's `make` builds first: setuptools warns of nothing in it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+         str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "deprecated" not in done.stdout + done.stderr, done.stderr
