@@ -1,5 +1,6 @@
-"""Every example test runs on asyncio and on trio. Copy this beside your own tests for the
-same (without it, ``pytest.mark.anyio`` runs them on asyncio only)."""
+"""Every example test runs on asyncio and on trio. anyio 4's ``pytest.mark.anyio`` does that
+by itself (trio is one of bls's dependencies); naming both here makes an environment
+without trio an error rather than fewer tests (docs/testing.md, "On asyncio and trio")."""
 
 import pytest
 
