@@ -235,7 +235,7 @@ def _serve(sub: Any) -> None:
         "--server",
         choices=["auto", "uvicorn", "hypercorn"],
         default="auto",
-        help="HTTP server (default: uvicorn on asyncio, hypercorn on trio)",
+        help="HTTP server (default: uvicorn on asyncio, bls's own on trio)",
     )
     p.add_argument(
         "--record",

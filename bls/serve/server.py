@@ -1,12 +1,13 @@
 """``bls serve``: the frontend on an HTTP server, with start-up, readiness and drain.
 
-Two servers, chosen by event loop: on asyncio, Uvicorn's server (its sockets, lifespan
-and shutdown) with bls's own HTTP/1.1 connection (:mod:`.protocol`, httptools parsing),
-on trio Hypercorn. Either way the runtime is entered first (remote stages connected and
-type-checked), then the server starts, then ``ready URL`` is printed. SIGTERM or SIGINT
-starts a drain: ``/ready`` turns 503, new requests get 503, in-flight ones get ``grace``
-seconds to finish before they are cancelled (and answered 503), then the server stops
-and the process exits 0.
+Two servers, chosen by event loop, on the same HTTP/1.1 rules (:mod:`.http11`): on
+asyncio, Uvicorn's server (its sockets, lifespan and shutdown) with bls's own connection
+(:mod:`.asyncio_http`); on trio, bls's own server (:mod:`.trio_http`). Hypercorn runs on
+either when asked (``--server hypercorn``). Either way the runtime is entered first
+(remote stages connected and type-checked), then the server starts, then ``ready URL``
+is printed. SIGTERM or SIGINT starts a drain: ``/ready`` turns 503, new requests get 503,
+in-flight ones get ``grace`` seconds to finish before they are cancelled (and answered
+503), then the server stops and the process exits 0.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ async def _uvicorn(
 ) -> None:
     import uvicorn
 
-    from .protocol import connection_class
+    from .asyncio_http import connection_class
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -77,11 +78,11 @@ async def _uvicorn(
         lifespan="off",
         access_log=False,
         log_config=None,
-        http=connection_class(  # (.protocol)
+        http=connection_class(  # (.asyncio_http)
             keep_alive, asyncio.get_running_loop(), frontend.limits.max_header_bytes
         ),
         # The frontend reads neither X-Forwarded-* nor a banner: no middleware per request
-        # for them (Hypercorn, on trio, reads none either).
+        # for them (the trio driver reads none either).
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=5,
@@ -103,6 +104,21 @@ async def _uvicorn(
         task_status.started()
 
 
+async def _trio(
+    frontend: Frontend,
+    sock: socket.socket,
+    stop: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    from .trio_http import serve as serve_trio
+
+    max_header_bytes = frontend.limits.max_header_bytes
+    await serve_trio(
+        frontend, sock, stop, max_header_bytes=max_header_bytes, task_status=task_status
+    )
+
+
 async def _hypercorn(
     frontend: Frontend,
     sock: socket.socket,
@@ -114,7 +130,7 @@ async def _hypercorn(
     from hypercorn.config import Config, Sockets
     from hypercorn.utils import wrap_app
 
-    from .protocol import MAX_URL_BYTES
+    from .http11 import MAX_URL_BYTES
 
     config = Config()
     config.accesslog = None
@@ -174,10 +190,10 @@ async def serve(
 
     backend = sniffio.current_async_library()
     if server == "auto":
-        server = "uvicorn" if backend == "asyncio" else "hypercorn"
+        server = "uvicorn" if backend == "asyncio" else "bls"
     if server == "uvicorn" and backend != "asyncio":
         raise ValueError("uvicorn runs on asyncio only: use --server hypercorn with trio")
-    run_server: Any = _uvicorn if server == "uvicorn" else _hypercorn
+    run_server: Any = {"uvicorn": _uvicorn, "bls": _trio, "hypercorn": _hypercorn}[server]
     from .otel import from_environment
 
     export = from_environment()

@@ -1,5 +1,6 @@
-"""The HTTP connection `bls serve` runs on asyncio (bls/serve/protocol.py), on a real
-Uvicorn server and raw sockets: keep-alive on the shared timer (an idle connection closes
+"""The HTTP/1.1 connection of `bls serve`, on both drivers — asyncio
+(bls/serve/asyncio_http.py under a real Uvicorn server) and trio (bls/serve/trio_http.py) —
+over raw sockets: keep-alive on the shared timer (an idle connection closes
 on time, never early; one that keeps asking stays open), pipelined requests answered in
 order, the head that says how the body comes (a length, chunks, a close, HEAD), a body
 that comes in pieces or after ``100 Continue`` or is taken whole, what does not parse,
@@ -16,11 +17,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
+import pytest
+import trio
 import uvicorn
 
+from bls.serve.asyncio_http import connection_class
 from bls.serve.framing import BODY, WHOLE
-from bls.serve.protocol import connection_class
 from tests.e2e.rawio import http_response, receive_until
+
+pytestmark = pytest.mark.parametrize("driver", ["asyncio", "trio"])
 
 # Set when the application hears its client leave (by path).
 left: dict[str, threading.Event] = {}
@@ -64,7 +70,7 @@ async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
         left[path].set()
         return
     if path.startswith("/slow/"):
-        await asyncio.sleep(float(path.split("/")[2]))
+        await anyio.sleep(float(path.split("/")[2]))
     if path.startswith("/whole"):
         assert WHOLE in scope["extensions"]  # (the connection offers it)
         status = int(path.split("/")[2]) if path.count("/") == 2 else 200
@@ -89,11 +95,19 @@ async def _echo_path(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @contextmanager
-def serving(keep_alive: float) -> Iterator[tuple[str, int]]:
-    """Uvicorn with bls's connection on a loop in a thread; its address."""
+def serving(keep_alive: float, driver: str) -> Iterator[tuple[str, int]]:
+    """The test app on ``driver``'s server, on a loop in a thread; its address."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
+    with (_asyncio if driver == "asyncio" else _trio)(listener, keep_alive):
+        yield listener.getsockname()[:2]
+    listener.close()
+
+
+@contextmanager
+def _asyncio(listener: socket.socket, keep_alive: float) -> Iterator[None]:
+    """Uvicorn with bls's connection."""
     servers: list[uvicorn.Server] = []
     started = threading.Event()
 
@@ -118,11 +132,42 @@ def serving(keep_alive: float) -> Iterator[tuple[str, int]]:
         while not servers[0].started:
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.01)
-        yield listener.getsockname()[:2]
+        yield
     finally:
         servers[0].should_exit = True
         thread.join(10)
-        listener.close()
+        assert not thread.is_alive()
+
+
+@contextmanager
+def _trio(listener: socket.socket, keep_alive: float) -> Iterator[None]:
+    """bls's own server on trio."""
+    from bls.serve import trio_http
+
+    started = threading.Event()
+    stopper: list[tuple[trio.lowlevel.TrioToken, anyio.Event]] = []
+
+    async def main() -> None:
+        stop = anyio.Event()
+        stopper.append((trio.lowlevel.current_trio_token(), stop))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: trio_http.serve(
+                    _echo_path, listener, stop, keep_alive=keep_alive, task_status=task_status
+                )
+            )
+            started.set()
+
+    thread = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    thread.start()
+    try:
+        assert started.wait(10), "the server did not start"
+        yield
+    finally:
+        if stopper:
+            token, stop = stopper[0]
+            trio.from_thread.run_sync(stop.set, trio_token=token)
+        thread.join(10)
         assert not thread.is_alive()
 
 
@@ -153,17 +198,19 @@ def _responses(sock: socket.socket, count: int) -> list[bytes]:
     return bodies
 
 
-def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
-    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+def test_pipelined_requests_are_answered_in_order_on_one_connection(driver: str) -> None:
+    with serving(5, driver) as address, socket.create_connection(address) as sock:
         sock.sendall(_request("/one") + _request("/two") + _request("/three"))
         assert _responses(sock, 3) == [b"/one", b"/two", b"/three"]
         sock.sendall(_request("/four"))
         assert _responses(sock, 1) == [b"/four"]
 
 
-def test_an_idle_connection_closes_after_keep_alive_and_an_active_one_stays_open() -> None:
+def test_an_idle_connection_closes_after_keep_alive_and_an_active_one_stays_open(
+    driver: str,
+) -> None:
     keep_alive = 1.0
-    with serving(keep_alive) as address:
+    with serving(keep_alive, driver) as address:
         with socket.create_connection(address) as sock:
             # After an answer, a request that runs longer than the keep-alive time is not
             # idle time.
@@ -186,8 +233,8 @@ def test_an_idle_connection_closes_after_keep_alive_and_an_active_one_stays_open
         _serves_on(address)
 
 
-def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> None:
-    with serving(keep_alive=5) as address:
+def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays(driver: str) -> None:
+    with serving(5, driver) as address:
         with socket.create_connection(address) as sock:
             sock.sendall(_request("/stream"))
             data = receive_until(sock, lambda d: d.endswith(b"0\r\n\r\n"), 10)
@@ -206,8 +253,10 @@ def test_the_head_says_how_the_body_comes_and_whether_the_connection_stays() -> 
         _serves_on(address)
 
 
-def test_a_whole_answer_in_one_message_gets_its_length_the_default_headers_and_a_close() -> None:
-    with serving(keep_alive=5) as address:
+def test_a_whole_answer_in_one_message_gets_its_length_the_default_headers_and_a_close(
+    driver: str,
+) -> None:
+    with serving(5, driver) as address:
         with socket.create_connection(address) as sock:
             sock.sendall(_request("/whole") * 2)  # pipelined: both answered, in order
             assert _responses(sock, 2) == [b"/whole", b"/whole"]
@@ -252,8 +301,8 @@ def _post(path: str, body: bytes, *extra: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def test_a_body_in_pieces_and_after_100_continue_reaches_the_application_whole() -> None:
-    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+def test_a_body_in_pieces_and_after_100_continue_reaches_the_application_whole(driver: str) -> None:
+    with serving(5, driver) as address, socket.create_connection(address) as sock:
         request = _post("/echo", b"0123456789" * 1000)
         head, _, body = request.partition(b"\r\n\r\n")
         sock.sendall(head + b"\r\n\r\n")
@@ -280,8 +329,8 @@ def test_a_body_in_pieces_and_after_100_continue_reaches_the_application_whole()
         assert http_response(sock).endswith(b"\r\n\r\nbody")
 
 
-def test_a_body_all_there_is_taken_whole_and_one_still_coming_is_received() -> None:
-    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+def test_a_body_all_there_is_taken_whole_and_one_still_coming_is_received(driver: str) -> None:
+    with serving(5, driver) as address, socket.create_connection(address) as sock:
         sock.sendall(_post("/take", b"all of it") * 2)
         assert _responses(sock, 2) == [b"taken all of it", b"taken all of it"]
         # Its second half not sent yet: nothing to take; it is received when it comes.
@@ -303,8 +352,8 @@ def test_a_body_all_there_is_taken_whole_and_one_still_coming_is_received() -> N
         _serves_on(address)
 
 
-def test_what_does_not_parse_gets_400_and_a_close_and_the_server_serves_on() -> None:
-    with serving(keep_alive=5) as address:
+def test_what_does_not_parse_gets_400_and_a_close_and_the_server_serves_on(driver: str) -> None:
+    with serving(5, driver) as address:
         with socket.create_connection(address) as sock:
             sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             answer = _closed(sock)
@@ -324,8 +373,10 @@ def test_what_does_not_parse_gets_400_and_a_close_and_the_server_serves_on() -> 
         _serves_on(address)
 
 
-def test_an_application_that_fails_gets_500_or_a_close_and_the_server_serves_on() -> None:
-    with serving(keep_alive=5) as address:
+def test_an_application_that_fails_gets_500_or_a_close_and_the_server_serves_on(
+    driver: str,
+) -> None:
+    with serving(5, driver) as address:
         with socket.create_connection(address) as sock:
             sock.sendall(_request("/fail"))
             answer = _closed(sock)
@@ -344,9 +395,9 @@ def test_an_application_that_fails_gets_500_or_a_close_and_the_server_serves_on(
         _serves_on(address)
 
 
-def test_a_client_that_leaves_is_seen_by_the_application() -> None:
+def test_a_client_that_leaves_is_seen_by_the_application(driver: str) -> None:
     left["/wait"] = threading.Event()
-    with serving(keep_alive=5) as address:
+    with serving(5, driver) as address:
         with socket.create_connection(address) as sock:
             sock.sendall(_request("/wait"))
             time.sleep(0.05)  # (it may leave before or after the request starts: both count)
@@ -360,9 +411,9 @@ def test_a_client_that_leaves_is_seen_by_the_application() -> None:
         _serves_on(address)
 
 
-def test_a_client_that_reads_slowly_gets_every_byte_in_order() -> None:
+def test_a_client_that_reads_slowly_gets_every_byte_in_order(driver: str) -> None:
     size = 32 * 1024 * 1024  # more than the socket buffers hold: writing must wait
-    with serving(keep_alive=5) as address, socket.create_connection(address) as sock:
+    with serving(5, driver) as address, socket.create_connection(address) as sock:
         sock.sendall(_request(f"/big/{size}") + _request("/next"))
         time.sleep(0.3)  # the server fills the buffers, then waits for the reader
         data = bytearray(receive_until(sock, lambda d: b"\r\n\r\n" in d, 10))

@@ -689,3 +689,13 @@ def test_a_cached_stage_reports_hits_and_misses_in_metrics(
     assert _metric(text, "bls_cache_hits_total", stage="whoami") == 2
     assert _metric(text, "bls_cache_entries", stage="whoami") == 1
     assert _metric(text, "bls_cache_bytes", stage="whoami") > 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_hypercorn_still_serves_when_asked(workers: dict[str, Proc], backend: str) -> None:
+    with serve(*_binds(workers), "--server", "hypercorn", backend=backend) as proc:
+        r = httpx.post(f"{proc.address}/v1/scripts/greet", json={"text": "ada"}, timeout=30)
+        assert r.status_code == 200 and r.json()["text"] == "hello ada"
+        streamed = httpx.post(f"{proc.address}/v1/scripts/count", json={"text": "x", "n": 3})
+        assert streamed.status_code == 200 and streamed.text.count("data:") >= 3
+    assert "with hypercorn/" in proc.log()
