@@ -1,4 +1,4 @@
-"""The stage bench/policy.py and tests/e2e/test_policy.py serve from several `bls worker`
+"""The stage bench/traffic.py and tests/e2e/test_policy.py serve from several `bls worker`
 processes, each made slow or failing by its environment: BLS_REPLICA_DELAY_MS (every call
 takes that long) and BLS_REPLICA_FAILS (every call raises a StageError of that kind, or a
 RuntimeError for "crash"). Each call and each cancelled call is logged with the replica's
@@ -45,5 +45,5 @@ async def work(req: Job) -> Done:
 
 @bls.script
 async def one(req: Job) -> Done:
-    """The entry bench/policy.py serves for its admission runs (`work` bound inline)."""
+    """The entry bench/traffic.py serves for its admission runs (`work` bound inline)."""
     return await bls.stage("work", req)

@@ -1,11 +1,12 @@
 """Bindings: what a stage name is attached to.
 
 A :class:`Binding` is the one interface between the runtime and whatever does the work.
-This module holds the interface, the inline kind (an in-process function, async
-generator, :class:`bls.Worker` or script), and :func:`binding_for`, which makes a binding
-of any kind from a target. Other kinds register the schemes of their targets as entry
-points in the ``bls.schemes`` group (``tcp``, ``ipc``, ``inproc``, ``etcd``: the remote
-kind, in ``bls.transport``), so this module imports none of them.
+This module holds the interface, a binding in front of another (:class:`Wrapper`), and
+the inline kind (an in-process function, async generator, :class:`bls.Worker` or
+script). :func:`bls.targets.binding_for` makes a binding of any kind from a target; other
+kinds register the schemes of their targets as entry points in the ``bls.schemes`` group
+(``tcp``, ``ipc``, ``inproc``, ``etcd``: the remote kind, in ``bls.transport``), so
+neither module imports them.
 """
 
 from __future__ import annotations
@@ -13,27 +14,24 @@ from __future__ import annotations
 import inspect
 import traceback
 from collections.abc import AsyncIterator, Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import anyio.abc
 import msgspec
 
+from .counts import StageCounts
 from .entry import Script
-from .errors import InvalidRequest, StageError
+from .errors import ErrorKind, InvalidRequest, StageError
 from .loop import backend
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
+from .policy import Policy
 from .scope import NO_CONTEXT, CallContext
-from .targets import load_target
-from .traffic import Policy, Traffic
 from .worker import Worker
 
 __all__ = [
     "Binding",
     "InlineBinding",
     "Wrapper",
-    "binding_for",
-    "scheme_of",
     "worker_error",
 ]
 
@@ -43,8 +41,10 @@ class Binding:
 
     Life cycle: ``open`` (learn the signature: import, or connect and read the worker's
     hello) → ``start`` (set up: load models) → calls → ``aclose``. ``bls check`` only
-    opens. ``call``/``stream`` return raw values; the runtime converts them to the
-    types the script expects, the same way for every kind of binding.
+    opens. ``call``/``stream`` return what the worker gave (a remote binding decodes it
+    straight into the expected type); :meth:`invoke`, what the runtime calls, and each
+    stream item the runtime hands over go through :meth:`result`, which converts them to
+    the type the script expects (:meth:`expect`), the same way for every kind of binding.
 
     Each call is handed its :class:`~bls.scope.CallContext`: the deadline to carry and
     the span to record into (a remote binding sends both). Code an inline binding runs
@@ -57,7 +57,7 @@ class Binding:
     # The type the script expects back; set by the runtime when it opens the binding.
     result_type: Any = Any
     _result_fast: type | None = None
-    # Idempotency, hedging, retries, ejection (bls.traffic); a remote binding applies them.
+    # Idempotency, hedging, retries, ejection (bls.policy); a remote binding applies them.
     policy: Policy = Policy()
     policy_given = False  # set in bls.toml (a typed handle's own policy gives way to it)
 
@@ -79,7 +79,7 @@ class Binding:
         except msgspec.ValidationError as exc:
             raise StageError(
                 self.name,
-                "invalid_response",
+                ErrorKind.INVALID_RESPONSE,
                 f"result does not match {type_name(self.result_type)}: {exc}",
             ) from None
 
@@ -98,10 +98,10 @@ class Binding:
         """Release everything. Safe to call more than once, and after a failed start."""
 
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
-        raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is streaming")
+        raise StageError(self.name, ErrorKind.WRONG_MODE, f"stage {self.name!r} is streaming")
 
     def stream(self, req: Any, ctx: CallContext = NO_CONTEXT) -> AsyncIterator[Any]:
-        raise StageError(self.name, "wrong_mode", f"stage {self.name!r} is unary")
+        raise StageError(self.name, ErrorKind.WRONG_MODE, f"stage {self.name!r} is unary")
 
     @property
     def schemas(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -117,11 +117,12 @@ class Binding:
         """Whether calls can be made now (remote: some replica is connected)."""
         return True
 
-    def counts(self) -> dict[str, Traffic]:
-        """What the stage's traffic policy did (``/metrics``), by version ("" for a stage
-        without versions); empty where no policy acts (a call in process has no replica
-        to hedge to, retry on or eject)."""
-        return {}
+    def counts(self) -> StageCounts:
+        """What the stage counts for ``/metrics`` (:class:`bls.counts.StageCounts`): its
+        traffic policy's counts by version (none where no policy acts: a call in process
+        has no replica to hedge to, retry on or eject), its cache's. A wrapper adds its
+        own to its inner binding's."""
+        return StageCounts()
 
     def models(self) -> list[str]:
         """The model names its workers serve (:meth:`bls.Worker.served_models`), which
@@ -188,7 +189,7 @@ class Wrapper(Binding):
     def ready(self) -> bool:
         return self.inner.ready()
 
-    def counts(self) -> dict[str, Traffic]:
+    def counts(self) -> StageCounts:
         return self.inner.counts()
 
     def models(self) -> list[str]:
@@ -391,57 +392,3 @@ def _describe(target: Any) -> str:
     module = getattr(target, "__module__", None) or type(target).__module__
     qual = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}:{qual}"
-
-
-# -- making bindings from targets ---------------------------------------------------------
-
-
-def binding_for(
-    name: str,
-    target: Any,
-    *,
-    options: Mapping[str, Any] | None = None,
-    base: Path | None = None,
-    settings: Any = None,
-) -> Binding:
-    """The binding for ``target``: a Binding, an object (function, Worker, script), a
-    ``module:attr``/``file.py:attr`` string (relative to ``base``), or a target with a
-    registered scheme (``tcp://host:port``, several comma-separated or in a list,
-    ``etcd:NAME``), made by that scheme's factory with ``settings`` (``[transport]``)."""
-    if isinstance(target, Binding):
-        return target
-    first = target[0] if isinstance(target, (list, tuple)) and target else target
-    scheme = scheme_of(first) if isinstance(first, str) else None
-    if scheme is not None:
-        return _schemes()[scheme](name, target, settings)
-    if isinstance(target, str):
-        return InlineBinding(
-            name, load_target(target, base), options=options, description=f"inline {target}"
-        )
-    return InlineBinding(name, target, options=options)
-
-
-def scheme_of(target: str) -> str | None:
-    """The registered scheme ``target`` starts with (``tcp`` for ``tcp://h:1``), or None."""
-    head, sep, _ = target.partition(":")
-    return head if sep and head in _schemes() else None
-
-
-_factories: dict[str, Callable[[str, Any, Any], Binding]] | None = None
-
-
-def _schemes() -> dict[str, Callable[[str, Any, Any], Binding]]:
-    """The factories of the installed binding kinds, by scheme (loaded on first use)."""
-    global _factories
-    if _factories is None:
-        from importlib.metadata import entry_points
-
-        _factories = {ep.name: _lazy(ep) for ep in entry_points(group="bls.schemes")}
-    return _factories
-
-
-def _lazy(ep: Any) -> Callable[[str, Any, Any], Binding]:
-    def make(name: str, target: Any, settings: Any) -> Binding:
-        return ep.load()(name, target, settings)
-
-    return make

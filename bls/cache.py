@@ -44,7 +44,8 @@ import anyio.abc
 import msgspec
 
 from .bindings import Binding, Wrapper
-from .errors import InvalidRequest, StageError
+from .counts import CacheStats, StageCounts
+from .errors import ErrorKind, InvalidRequest, StageError
 from .messages import convert
 from .scope import NO_CONTEXT, CallContext
 
@@ -57,14 +58,6 @@ class CacheOptions(msgspec.Struct, forbid_unknown_fields=True):
     capacity_mb: float = 256.0
     items: str | None = None
     results: str | None = None
-
-
-class CacheStats(msgspec.Struct):
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    bytes: int = 0
-    entries: int = 0
 
 
 class CacheReport(msgspec.Struct):
@@ -205,6 +198,9 @@ class CachedBinding(Wrapper):
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         return await self.invoke(req, ctx)
 
+    def counts(self) -> StageCounts:
+        return msgspec.structs.replace(self.inner.counts(), cache=self.stats)
+
     async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         # The worker's own type first: a dict and a message with the same content (and
         # the defaults filled in) are the same request.
@@ -232,7 +228,9 @@ class CachedBinding(Wrapper):
             ) from None
 
     def _misconfigured(self, why: str) -> Exception:
-        return StageError(self.name, "cache_config", f"cache items={self.options.items!r}: {why}")
+        return StageError(
+            self.name, ErrorKind.CACHE_CONFIG, f"cache items={self.options.items!r}: {why}"
+        )
 
     async def _resolve(
         self, keys: list[bytes], req: Any, items: list[Any] | None, ctx: CallContext

@@ -32,10 +32,10 @@ from .flags import (
     count,
     seconds,
 )
+from .policy import PolicyError
 from .recording import RecordError
 from .replay import Divergence
 from .runtime import BindingError
-from .traffic import PolicyError
 
 __all__ = ["main"]
 
@@ -145,36 +145,7 @@ def _worker(sub: Any) -> None:
         help="tcp://HOST:PORT (port 0 picks a free one) or ipc:///path",
     )
     p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
-    p.add_argument(
-        "--max-inflight-per-caller",
-        type=count(1, MAX_INFLIGHT),
-        metavar="N",
-        help="calls one caller may have running at once (default: --max-inflight)",
-    )
-    p.add_argument(
-        "--max-inflight",
-        type=count(1, MAX_INFLIGHT),
-        default=256,
-        metavar="N",
-        help="calls held at once (running or waiting), 1 to 1000000; more are refused as "
-        "'overloaded' (default 256)",
-    )
-    p.add_argument(
-        "--max-running",
-        type=count(1, MAX_INFLIGHT),
-        metavar="N",
-        help="calls run at once; the rest of --max-inflight wait, highest priority first, and "
-        "when all are held a call of higher priority displaces the waiting call of lowest "
-        "(default: --max-inflight: none wait)",
-    )
-    p.add_argument(
-        "--grace",
-        type=seconds(),
-        default=10.0,
-        metavar="S",
-        help="seconds in-flight calls get to finish on SIGTERM; 0 cancels them at once "
-        "(default 10)",
-    )
+    _worker_calls(p)
     p.add_argument(
         "--option",
         action="append",
@@ -191,12 +162,6 @@ def _worker(sub: Any) -> None:
         "--curve-allow",
         metavar="DIR",
         help="with --curve-secret: only accept callers whose public key is in DIR",
-    )
-    p.add_argument(
-        "--max-frame-bytes",
-        type=count(1, MAX_FRAME_BYTES),
-        metavar="N",
-        help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
     )
     _worker_metrics(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -260,6 +225,46 @@ def _serve(sub: Any) -> None:
     add_discovery_args(p)
     add_backend_arg(p)
     p.set_defaults(handler=commands.serve)
+
+
+def _worker_calls(p: argparse.ArgumentParser) -> None:
+    """``bls worker``'s bounds on the calls it takes."""
+    p.add_argument(
+        "--max-inflight-per-caller",
+        type=count(1, MAX_INFLIGHT),
+        metavar="N",
+        help="calls one caller may have running at once (default: --max-inflight)",
+    )
+    p.add_argument(
+        "--max-inflight",
+        type=count(1, MAX_INFLIGHT),
+        default=256,
+        metavar="N",
+        help="calls held at once (running or waiting), 1 to 1000000; more are refused as "
+        "'overloaded' (default 256)",
+    )
+    p.add_argument(
+        "--max-running",
+        type=count(1, MAX_INFLIGHT),
+        metavar="N",
+        help="calls run at once; the rest of --max-inflight wait, highest priority first, and "
+        "when all are held a call of higher priority displaces the waiting call of lowest "
+        "(default: --max-inflight: none wait)",
+    )
+    p.add_argument(
+        "--grace",
+        type=seconds(),
+        default=10.0,
+        metavar="S",
+        help="seconds in-flight calls get to finish on SIGTERM; 0 cancels them at once "
+        "(default 10)",
+    )
+    p.add_argument(
+        "--max-frame-bytes",
+        type=count(1, MAX_FRAME_BYTES),
+        metavar="N",
+        help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
+    )
 
 
 def _worker_metrics(p: argparse.ArgumentParser) -> None:

@@ -117,22 +117,7 @@ def worker(args: argparse.Namespace) -> int:
 
     claim_stdout()
     setup_logging(args.log_level, verbose=args.verbose)
-    if args.curve_allow and not args.curve_secret:
-        raise ConfigError("--curve-allow needs --curve-secret")
-    if args.advertise and not args.discovery:
-        raise ConfigError("--advertise needs --discovery")
-    if args.max_running is not None and args.max_running > args.max_inflight:
-        raise ConfigError(
-            f"--max-running {args.max_running} is more than --max-inflight {args.max_inflight}: "
-            "a worker runs no more calls than it holds"
-        )
-    if args.discovery and not args.advertise:
-        host = args.listen.partition("://")[2].rpartition(":")[0]
-        if host in ("0.0.0.0", "*", "[::]", "::"):
-            raise ConfigError(
-                f"--listen {args.listen} listens on every interface: give --advertise "
-                "tcp://THIS_HOST:PORT, the address callers reach this worker at"
-            )
+    _check_worker_flags(args)
     try:
         obj = load_target(args.target, Path.cwd())
     except (ImportError, ValueError, FileNotFoundError, SyntaxError) as exc:
@@ -179,6 +164,26 @@ def worker(args: argparse.Namespace) -> int:
         ),
         backend=args.backend,
     )
+
+
+def _check_worker_flags(args: argparse.Namespace) -> None:
+    """``bls worker``'s flags that only make sense together, or not at all: ConfigError."""
+    if args.curve_allow and not args.curve_secret:
+        raise ConfigError("--curve-allow needs --curve-secret")
+    if args.advertise and not args.discovery:
+        raise ConfigError("--advertise needs --discovery")
+    if args.max_running is not None and args.max_running > args.max_inflight:
+        raise ConfigError(
+            f"--max-running {args.max_running} is more than --max-inflight {args.max_inflight}: "
+            "a worker runs no more calls than it holds"
+        )
+    if args.discovery and not args.advertise:
+        host = args.listen.partition("://")[2].rpartition(":")[0]
+        if host in ("0.0.0.0", "*", "[::]", "::"):
+            raise ConfigError(
+                f"--listen {args.listen} listens on every interface: give --advertise "
+                "tcp://THIS_HOST:PORT, the address callers reach this worker at"
+            )
 
 
 def serve(args: argparse.Namespace) -> int:

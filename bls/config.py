@@ -16,11 +16,12 @@ from typing import Annotated, Any
 
 import msgspec
 
-from .bindings import Binding, binding_for, scheme_of
+from .bindings import Binding
 from .cache import CachedBinding, CacheOptions
 from .messages import unknown_field_hint
 from .paths import missing
-from .traffic import policy_from
+from .policy import policy_from
+from .targets import binding_for, scheme_of
 
 __all__ = [
     "AdmissionConfig",
@@ -114,7 +115,7 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     sticky: str | None = None  # with targets: the request field that picks the version
     options: dict[str, Any] = {}
     cache: dict[str, Any] | None = None
-    # Traffic policy (bls/traffic.py): checked when the bindings are made.
+    # Traffic policy (bls/policy.py): checked when the bindings are made.
     idempotent: bool | None = None
     hedge: dict[str, Any] | None = None
     retry: dict[str, Any] | None = None

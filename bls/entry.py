@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import msgspec
 
-from .errors import InvalidRequest, StageError
+from .errors import ErrorKind, InvalidRequest, StageError
 from .messages import (
     Signature,
     always_within_limits,
@@ -66,7 +66,7 @@ class Script:
             declared = type_name(self.signature.response)
             raise StageError(
                 self.name,
-                "invalid_response",
+                ErrorKind.INVALID_RESPONSE,
                 f"entry {self.name!r} returned None but is declared to return {declared}",
             )
         return value

@@ -1,20 +1,42 @@
 """The errors a script sees at an ``await`` on a stage.
 
-Every error that crosses a stage boundary is a :class:`StageError` (or a subclass) and
-carries the stage's name, so a script can ``except StageError`` and branch on
-``err.kind``. The same error arrives whether the stage is bound inline or remote.
+A stage that fails raises a :class:`StageError` (or a subclass) carrying the stage's name,
+so a script can ``except StageError`` and branch on ``err.kind`` (:class:`ErrorKind` for
+bls's own kinds). Two errors are not StageErrors, on purpose: a deadline that passes is a
+:class:`DeadlineExceeded` (a ``TimeoutError``), and a stage no binding serves is a
+:class:`StageNotBound` (a configuration mistake no fallback should hide). The same error
+arrives whether the stage is bound inline or remote.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from typing import Any
 
-__all__ = ["DeadlineExceeded", "InvalidRequest", "StageError", "StageNotBound"]
+__all__ = ["DeadlineExceeded", "ErrorKind", "InvalidRequest", "StageError", "StageNotBound"]
 
 # An object's default repr says where it lives in a process's memory, nothing a reader of
 # the message can use: it is cut from every error message.
 _REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+class ErrorKind(enum.StrEnum):
+    """The kinds of :class:`StageError` bls itself raises, one named set (each is the
+    string it compares equal to, as a frame carries it; a worker's own exception has its
+    class name as its kind instead)."""
+
+    INVALID_REQUEST = "invalid_request"
+    INVALID_RESPONSE = "invalid_response"
+    WRONG_MODE = "wrong_mode"
+    UNAVAILABLE = "unavailable"
+    OVERLOADED = "overloaded"
+    SHUTDOWN = "shutdown"
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
+    TOO_LARGE = "too_large"
+    BAD_FRAME = "bad_frame"
+    CACHE_CONFIG = "cache_config"
 
 
 class StageError(Exception):
@@ -89,7 +111,7 @@ class InvalidRequest(StageError):
         *,
         mismatch: bool = False,
     ) -> None:
-        StageError.__init__(self, stage, "invalid_request", message, remote_traceback)
+        StageError.__init__(self, stage, ErrorKind.INVALID_REQUEST, message, remote_traceback)
         self.path = path
         self.mismatch = mismatch
 

@@ -23,7 +23,7 @@ import msgspec
 
 from .bindings import Binding
 from .entry import Script
-from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from .errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError, StageNotBound
 from .messages import Signature, convert, type_name
 from .recording import (
     Record,
@@ -159,7 +159,7 @@ async def _fail(n: int, call: RecordedCall, calls: _Calls) -> None:
     :data:`CANCEL_WAIT_MAX`)."""
     error = call.error
     assert error is not None
-    if error.kind in ("cancelled", "deadline"):
+    if error.kind in (ErrorKind.CANCELLED, ErrorKind.DEADLINE):
         took = max(0.0, call.end - call.start)
         wait = min(2 * took + 1, CANCEL_WAIT_MAX)
         await anyio.sleep(wait)
@@ -167,7 +167,7 @@ async def _fail(n: int, call: RecordedCall, calls: _Calls) -> None:
             f"call {n} (stage {call.stage!r}) was cancelled after {took:.3f}s in the record; "
             f"the script has not cancelled it after {wait:.3f}s"
         )
-    if error.kind == "invalid_request":
+    if error.kind == ErrorKind.INVALID_REQUEST:
         raise InvalidRequest(error.stage, error.message, error.path or "$")
     raise StageError(error.stage, error.kind, error.message)
 
@@ -192,7 +192,7 @@ async def replay(record: Record, entry: Script, declared: Sequence[Any] = ()) ->
     except Exception as exc:
         raise RecordError(f"the record's request does not decode: {exc}") from None
     # A request its deadline ended then gets the same deadline again.
-    timeout = record.duration if record.error and record.error.kind == "deadline" else None
+    timeout = record.duration if record.error and record.error.kind == ErrorKind.DEADLINE else None
     answers: list[Any] = []
     async with Runtime(bindings, declared=declared) as rt:
         failed: Exception | None = None
@@ -270,9 +270,9 @@ def _same_error(record: Record, exc: Exception) -> None:
     got = f"{exc}"
     if record.error is None:
         raise Divergence(f"the script failed where the record answered: {got}") from exc
-    kind = "deadline" if isinstance(exc, DeadlineExceeded) else getattr(exc, "kind", "")
+    kind = ErrorKind.DEADLINE if isinstance(exc, DeadlineExceeded) else getattr(exc, "kind", "")
     stage = getattr(exc, "stage", record.error.stage)
-    if kind != record.error.kind or (kind != "deadline" and stage != record.error.stage):
+    if kind != record.error.kind or (kind != ErrorKind.DEADLINE and stage != record.error.stage):
         raise Divergence(f"the record ends with {_said(record.error)}; the script: {got}") from exc
 
 

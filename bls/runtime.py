@@ -19,11 +19,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .bindings import Binding, binding_for
+from .bindings import Binding
 from .check import StageUse, declare, type_problems, use_problems
 from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature
+from .policy import Policy
 from .recording import noted_items, noted_result
 from .scope import (
     CallContext,
@@ -32,10 +33,10 @@ from .scope import (
     enter,
     leave,
     traced_call,
-    traced_stream,
 )
 from .scope import current as current_context
-from .traffic import Policy
+from .stage_stream import StageStream
+from .targets import binding_for
 
 log = logging.getLogger("bls")
 
@@ -73,60 +74,6 @@ def _expect(name: str, binding: Binding, decl: Signature | None) -> None:
     binding.expect(decl.response if decl is not None else binding.signature.response)
 
 
-class StageStream:
-    """The async iterator returned by ``stage.stream(name, req)``.
-
-    Items are converted to the declared item type. An error or a cancel while it waits
-    for an item ends the underlying stream (the worker's generator is closed, a remote
-    call is cancelled). A loop left early (``break``) leaves it open until the request it
-    belongs to ends, which closes it (:class:`bls.scope.RequestScope`; outside any
-    request, the runtime's exit); ``async with stage.stream(...) as items`` closes it at
-    the end of the block instead.
-    """
-
-    __slots__ = ("_binding", "_ctx", "_it", "_open", "_req")
-
-    def __init__(self, binding: Binding, req: Any, ctx: CallContext, open: OpenStreams) -> None:
-        self._binding = binding
-        self._req = req
-        self._ctx = ctx
-        self._open = open  # the request's streams, which closes this one if it is left open
-        self._it: AsyncIterator[Any] | None = None
-
-    def __aiter__(self) -> StageStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        it = self._it
-        if it is None:
-            binding, ctx = self._binding, self._ctx
-            if ctx.trace is None:
-                it = self._it = binding.stream(self._req, ctx)
-            else:
-                opener = partial(binding.stream, self._req)
-                it = self._it = traced_stream(ctx, binding.name, binding.description, opener)
-            self._open.add(self)
-        try:
-            item = await it.__anext__()
-        except BaseException:  # its end, its error, or a cancel: over either way
-            self._open.discard(self)
-            raise
-        return self._binding.result(item)
-
-    async def aclose(self) -> None:
-        it, self._it = self._it, None
-        self._open.discard(self)
-        close = getattr(it, "aclose", None)
-        if close is not None:
-            await close()
-
-    async def __aenter__(self) -> StageStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
 async def _not_bound(name: str, known: list[str]) -> Any:
     raise StageNotBound(name, known)
 
@@ -135,7 +82,7 @@ class Runtime:
     """The bindings for a process, entered as an async context manager.
 
     ``bindings`` maps stage names to :class:`Binding` objects or to anything
-    :func:`bls.bindings.binding_for` accepts (a function, a Worker, ``"module:attr"``,
+    :func:`bls.targets.binding_for` accepts (a function, a Worker, ``"module:attr"``,
     ``"tcp://host:port"``). ``declared`` are the typed handles (:class:`bls.Stage`,
     :class:`bls.StreamStage`) whose types the bindings must fit: ``bls run``/``serve``/
     ``worker`` pass the ones their script can see. Entering opens every binding, checks

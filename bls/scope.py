@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import enum
 import logging
 import math
 import time
@@ -27,7 +28,8 @@ from typing import Any
 
 import anyio
 
-from .loop import Backend, backend
+from .loop import Backend
+from .loop import backend as current_backend
 from .tracing import Span, Trace, outcome_of
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "NO_CONTEXT",
     "CallContext",
     "OpenStreams",
+    "Reason",
     "RequestScope",
     "current",
     "enter",
@@ -49,6 +52,20 @@ log = logging.getLogger("bls")
 # a timeout of 1e12 s say, is sent as none; one a peer sends past it is refused.
 LATEST_DEADLINE = 1e11
 CLOSE_S = 5.0  # how long the streams a request left open get to close when it ends
+
+
+class Reason(enum.Enum):
+    """Why a request's scope ended what ran in it (:attr:`RequestScope.reason`): its
+    deadline, or whoever cancelled it, saying why. One table in each server maps a reason
+    to what its client is told (an HTTP status, a worker's error frame)."""
+
+    DEADLINE = "deadline"  # its deadline passed
+    CLIENT_GONE = "client gone"  # its HTTP client went away
+    BODY_TOO_SLOW = "body too slow"  # its HTTP body did not arrive within the bound
+    DRAIN = "drain"  # the server's drain ran out of grace
+    CALLER_CANCELLED = "caller cancelled"  # a worker's caller cancelled the call
+    CALLER_LOST = "caller lost"  # a worker gave up on its caller (silent, or not reading)
+    CANCELLED = "cancelled"  # its owner cancelled it (a library user, a test)
 
 
 class CallContext:
@@ -150,10 +167,12 @@ class RequestScope:
 
     ``timeout`` (seconds from now, as it is made), :meth:`expire_at` (absolute, epoch
     seconds, as a frame carries it) or :meth:`expire_after` (relative; None: none) set
-    its deadline, before entering or inside, as often as the caller needs: on asyncio
-    the deadline rides the loop's shared timers (:mod:`bls.loop`), on trio the scope's
-    own. :meth:`cancel` ends it early, from any task of its loop; whoever cancels knows
-    why, and :attr:`expired` tells a deadline from a cancel.
+    its deadline, before entering or inside, as often as the caller needs, on the
+    loop's :class:`bls.loop.Deadline` (on asyncio the shared timers, or a server's
+    shared delay; on trio the scope's own). NaN is refused, as trio refuses it.
+    :meth:`cancel` ends it early, from any task of its loop, with a :class:`Reason`; once
+    it has ended, :attr:`reason` says why (the deadline, or the first reason given), one
+    value for whoever answers the request to map to what its client is told.
 
     Inside, the request's :class:`CallContext` is current: that deadline (or ``carried``,
     a caller's earlier one that the caller's own scopes enforce), ``trace``, ``span`` and
@@ -164,14 +183,13 @@ class RequestScope:
     """
 
     __slots__ = (
-        "_armed",
         "_backend",
-        "_cancel_called",
         "_carried",
+        "_deadline",
         "_exited",
+        "_reason",
         "_scope",
         "_token",
-        "_when",
         "ctx",
         "id",
     )
@@ -184,76 +202,66 @@ class RequestScope:
         span: Span | None = None,
         carried: float = math.inf,
         shield: bool = False,
-        loop: Backend | None = None,
+        backend: Backend | None = None,
         record: Any = None,
         priority: int = 0,
         timeout: float | None = None,
     ) -> None:
         self.id = request_id
-        self._carried = carried
-        self._backend = loop or backend()  # a server that knows its loop passes it
+        self._carried = _not_nan(carried)
+        self._backend = backend or current_backend()  # a server that knows it passes it
         self._scope = self._backend.cancel_scope(shield=shield)
-        self._when = math.inf  # the deadline in loop time
-        self._armed: Any = None  # what Backend.deadline armed
+        self._deadline = self._backend.deadline(self._scope)
         self._token: contextvars.Token[CallContext] | None = None
-        self._exited = self._cancel_called = False
+        self._exited = False
+        self._reason: Reason | None = None  # why it was cancelled (the first reason given)
         deadline = carried
-        _not_nan(carried)
-        if timeout is not None:
-            _not_nan(timeout)
-        if timeout is not None and math.isfinite(timeout):  # (expire_after(), made at once)
+        if timeout is not None and math.isfinite(_not_nan(timeout)):  # (made at once)
             deadline = min(carried, time.time() + timeout)
-            self._when = self._backend.now() + timeout
-            self._arm(None)
+            self._deadline.after(timeout)
         self.ctx = CallContext(deadline, trace, span, OpenStreams(), record, priority)
 
     def expire_at(self, wall: float) -> None:
         """Set the deadline to ``wall`` (epoch seconds; inf: none). ValueError for NaN,
         as trio's scopes refuse it."""
-        _not_nan(wall)
-        self._expire(wall, None if wall == math.inf else wall - time.time())
+        self._carry(_not_nan(wall))
+        if not self._exited:
+            if wall == math.inf:
+                self._deadline.clear()
+            else:
+                self._deadline.at(self._backend.now() + (wall - time.time()))
 
     def expire_after(self, seconds: float | None) -> None:
         """Set the deadline ``seconds`` from now (None: none; ValueError for NaN)."""
-        if seconds is not None:
-            _not_nan(seconds)
-        self._expire(math.inf if seconds is None else time.time() + seconds, seconds)
+        if seconds is None:
+            self._carry(math.inf)
+            if not self._exited:
+                self._deadline.clear()
+            return
+        self._carry(time.time() + _not_nan(seconds))
+        if not self._exited:
+            self._deadline.after(seconds)
 
-    def _expire(self, wall: float, seconds: float | None) -> None:
-        """The cancel scope's deadline, and the one stage calls carry from now on (a
-        cancel stays a cancel)."""
+    def _carry(self, wall: float) -> None:
+        """The deadline stage calls carry from now on (a cancel stays a cancel)."""
         ctx = self.ctx
         self.ctx = CallContext(
             min(wall, self._carried), ctx.trace, ctx.span, ctx.streams, ctx.record, ctx.priority
         )
         if self._token is not None and not self._exited:
             _context.set(self.ctx)  # this task's context, undone on exit with the rest
-        if self._exited:
-            return
-        finite = seconds is not None and math.isfinite(seconds)
-        self._when = self._backend.now() + seconds if finite else math.inf  # type: ignore[operator]
-        self._arm(self._armed)
 
-    def _arm(self, armed: Any) -> None:
-        self._armed = self._backend.deadline(self._scope, self._when, armed, self._on_deadline)
-
-    def _on_deadline(self) -> None:
-        """The shared timers' call (asyncio): the deadline, or one it moved later from."""
-        self._armed = None
-        if self._backend.now() < self._when:
-            self._arm(None)
-        else:
-            self._scope.cancel()
-
-    def cancel(self) -> None:
-        """Cancel the request now; before it starts, as it starts; after it ends, never."""
-        self._cancel_called = True
+    def cancel(self, reason: Reason) -> None:
+        """Cancel the request now, saying why; before it starts, as it starts; after it
+        ends, never. The first reason given is the one :attr:`reason` tells."""
+        if self._reason is None:
+            self._reason = reason
         if not self._exited:
             self._scope.cancel()
 
     @property
-    def loop(self) -> Backend:
-        """The event loop's :class:`bls.loop.Backend` the request runs on."""
+    def backend(self) -> Backend:
+        """The :class:`bls.loop.Backend` of the event loop the request runs on."""
         return self._backend
 
     @property
@@ -262,9 +270,12 @@ class RequestScope:
         return self._scope.cancelled_caught
 
     @property
-    def expired(self) -> bool:
-        """Whether it was the deadline that ended it."""
-        return self._scope.cancelled_caught and not self._cancel_called
+    def reason(self) -> Reason | None:
+        """Why the scope ended what ran in it, once it has: the reason it was cancelled
+        for, or :attr:`Reason.DEADLINE`; None when what ran ended by itself."""
+        if not self._scope.cancelled_caught:
+            return None
+        return self._reason or Reason.DEADLINE
 
     async def __aenter__(self) -> RequestScope:
         if self._token is not None or self._exited:
@@ -277,9 +288,7 @@ class RequestScope:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self._exited = True
-        if self._armed is not None:
-            self._backend.deadline(self._scope, math.inf, self._armed, self._on_deadline)
-            self._armed = None
+        self._deadline.clear()
         streams = self.ctx.streams
         if streams:
             await streams.aclose()
@@ -290,9 +299,10 @@ class RequestScope:
         return swallowed
 
 
-def _not_nan(value: float) -> None:
+def _not_nan(value: float) -> float:
     if math.isnan(value):
         raise ValueError("a deadline must be a time or infinite, not NaN")
+    return value
 
 
 class OpenStreams(set[Any]):

@@ -11,8 +11,8 @@ from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar
 
 from .messages import Signature
+from .policy import PolicyError, policy_from
 from .runtime import StageStream, current
-from .traffic import PolicyError, policy_from
 
 __all__ = ["Stage", "StreamStage", "stage"]
 

@@ -1,5 +1,7 @@
 """What a target names: ``module:attr``, ``path/to/file.py:attr`` (a stage's inline
-target, ``bls worker``'s, a tenant function), or a whole script file.
+target, ``bls worker``'s, a tenant function), a whole script file, or a remote one
+(``tcp://host:port``, ``etcd:NAME``: a scheme another kind of binding registered); and
+the binding a target makes (:func:`binding_for`).
 
 A file is imported once, under its own name when that is free (so the modules beside it
 can ``import`` it, as ``python file.py`` would let them), and its folder is put on the
@@ -14,12 +16,14 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .bindings import Binding, InlineBinding
 from .paths import missing
 
-__all__ = ["load_module", "load_target"]
+__all__ = ["binding_for", "load_module", "load_target", "scheme_of"]
 
 
 def _import_file(path: Path) -> Any:
@@ -86,3 +90,57 @@ def load_target(target: str, base: Path | None = None) -> Any:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{module_part} has no attribute {part!r}{hint}") from None
     return obj
+
+
+# -- making bindings from targets ---------------------------------------------------------
+
+
+def binding_for(
+    name: str,
+    target: Any,
+    *,
+    options: Mapping[str, Any] | None = None,
+    base: Path | None = None,
+    settings: Any = None,
+) -> Binding:
+    """The binding for ``target``: a Binding, an object (function, Worker, script), a
+    ``module:attr``/``file.py:attr`` string (relative to ``base``), or a target with a
+    registered scheme (``tcp://host:port``, several comma-separated or in a list,
+    ``etcd:NAME``), made by that scheme's factory with ``settings`` (``[transport]``)."""
+    if isinstance(target, Binding):
+        return target
+    first = target[0] if isinstance(target, (list, tuple)) and target else target
+    scheme = scheme_of(first) if isinstance(first, str) else None
+    if scheme is not None:
+        return _schemes()[scheme](name, target, settings)
+    if isinstance(target, str):
+        return InlineBinding(
+            name, load_target(target, base), options=options, description=f"inline {target}"
+        )
+    return InlineBinding(name, target, options=options)
+
+
+def scheme_of(target: str) -> str | None:
+    """The registered scheme ``target`` starts with (``tcp`` for ``tcp://h:1``), or None."""
+    head, sep, _ = target.partition(":")
+    return head if sep and head in _schemes() else None
+
+
+_factories: dict[str, Callable[[str, Any, Any], Binding]] | None = None
+
+
+def _schemes() -> dict[str, Callable[[str, Any, Any], Binding]]:
+    """The factories of the installed binding kinds, by scheme (loaded on first use)."""
+    global _factories
+    if _factories is None:
+        from importlib.metadata import entry_points
+
+        _factories = {ep.name: _lazy(ep) for ep in entry_points(group="bls.schemes")}
+    return _factories
+
+
+def _lazy(ep: Any) -> Callable[[str, Any, Any], Binding]:
+    def make(name: str, target: Any, settings: Any) -> Binding:
+        return ep.load()(name, target, settings)
+
+    return make

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import anyio
 import msgspec
 
-from .errors import DeadlineExceeded, StageError
+from .errors import DeadlineExceeded, ErrorKind, StageError
 
 __all__ = ["Span", "Trace", "TraceStore", "outcome_of"]
 
@@ -104,7 +104,7 @@ class Trace:
 def outcome_of(exc: BaseException) -> tuple[str, str]:
     """(outcome, kind) for a span that ended with ``exc``."""
     if isinstance(exc, DeadlineExceeded) or (
-        isinstance(exc, StageError) and exc.kind == "deadline"
+        isinstance(exc, StageError) and exc.kind == ErrorKind.DEADLINE
     ):
         return "deadline", ""
     if isinstance(exc, anyio.get_cancelled_exc_class()):

@@ -24,10 +24,11 @@ from typing import Any
 import anyio.abc
 
 from .bindings import Binding
+from .counts import StageCounts
 from .messages import Signature
+from .policy import Policy
 from .runtime import BindingError
 from .scope import NO_CONTEXT, CallContext
-from .traffic import Policy, Traffic
 
 __all__ = ["Version", "VersionedBinding"]
 
@@ -118,9 +119,10 @@ class VersionedBinding(Binding):
     def models(self) -> list[str]:
         return list(dict.fromkeys(n for v in self.versions for n in v.binding.models()))
 
-    def counts(self) -> dict[str, Traffic]:
-        """Each version's counts, under its label (the policy acts within each one)."""
-        return {v.label: t for v in self.versions for t in v.binding.counts().values()}
+    def counts(self) -> StageCounts:
+        """Each version's policy counts, under its label (the policy acts within each)."""
+        traffic = {v.label: t for v in self.versions for t in v.binding.counts().traffic.values()}
+        return StageCounts(traffic=traffic)
 
     def expect(self, tp: Any) -> None:
         super().expect(tp)

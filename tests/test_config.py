@@ -110,8 +110,8 @@ def test_unknown_keys_say_which_key_was_meant(tmp_path: Path) -> None:
 
 
 def test_discovered_stages_from_the_file_and_the_command_line(tmp_path: Path) -> None:
-    from bls.bindings import binding_for
     from bls.config import make_bindings
+    from bls.targets import binding_for
     from bls.transport.replicas import RemoteBinding
 
     script = tmp_path / "s.py"

@@ -193,3 +193,24 @@ def test_default_lines_are_checked() -> None:
     assert default_lines([(b"Date", b"d"), (b"server", b"s")]) == b"date: d\r\nserver: s\r\n"
     with pytest.raises(RuntimeError):
         default_lines([(b"bad name", b"v")])
+
+
+# -- a request its scope ended: one table from the reason to the answer ----------------
+
+
+def test_each_reason_a_request_was_cut_short_has_its_answer() -> None:
+    from bls.errors import DeadlineExceeded
+    from bls.scope import Reason
+    from bls.serve.framing import HttpError, cut_short
+
+    assert cut_short(Reason.CLIENT_GONE, False, "e", 5, 10) is None  # nobody to tell
+    drain = cut_short(Reason.DRAIN, False, "e", 5, 10)
+    assert isinstance(drain, HttpError) and (drain.status, drain.type) == (503, "draining")
+    slow = cut_short(Reason.BODY_TOO_SLOW, True, "e", 30, 10)
+    assert isinstance(slow, HttpError) and slow.status == 408
+    assert slow.message == "the request body did not arrive within 10s"
+    late_body = cut_short(Reason.DEADLINE, True, "e", 2, 2)  # the deadline, mid-body
+    assert isinstance(late_body, HttpError) and late_body.status == 408
+    late = cut_short(Reason.DEADLINE, False, "e", 2, 10)
+    assert isinstance(late, DeadlineExceeded)
+    assert str(late) == "request to 'e' exceeded its 2s deadline"

@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {
     "bls": ROOT / "bls",
+    "bls.loop": ROOT / "bls" / "loop",
     "bls.serve": ROOT / "bls" / "serve",
     "bls.transport": ROOT / "transport",
     "bls.models": ROOT / "models",
@@ -174,17 +175,65 @@ def test_modules_and_functions_stay_small_and_nothing_cleans_up_in_del() -> None
     assert problems == [], problems
 
 
+def _backends_named(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    return {name.split(".")[0] for name in names} & {"asyncio", "trio", "sniffio"}
+
+
 def test_only_the_seams_name_the_event_loop() -> None:
-    """bls/loop.py owns every asyncio/trio difference but the HTTP server's: the runner
+    """bls/loop/ owns every asyncio/trio difference but the HTTP server's: the runner
     (which server runs on which loop) and the trio driver, which moves the bytes on
     trio's own waits. The asyncio driver is handed its loop. (bls bench's load
     generator runs on a plain selector, bls/loadconn.py.)"""
-    naming = []
-    for folder in ("bls", "transport"):
-        for path in (ROOT / folder).rglob("*.py"):
-            tree = ast.parse(path.read_text())
-            names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-            names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-            if names & {"asyncio", "trio", "sniffio"}:
-                naming.append(str(path.relative_to(ROOT)))
-    assert sorted(naming) == ["bls/loop.py", "bls/serve/server.py", "bls/serve/trio_http.py"]
+    naming = sorted(
+        str(path.relative_to(ROOT))
+        for folder in ("bls", "transport")
+        for path in (ROOT / folder).rglob("*.py")
+        if _backends_named(path)
+    )
+    assert naming == [
+        "bls/loop/__init__.py",  # (sniffio: which backend runs)
+        "bls/loop/_asyncio.py",
+        "bls/loop/_trio.py",
+        "bls/serve/server.py",
+        "bls/serve/trio_http.py",
+    ], naming
+
+
+def test_each_backend_module_names_its_own_backend_only() -> None:
+    """One module per backend, as anyio's ``_backends``: a seam grows by files."""
+    loop = ROOT / "bls" / "loop"
+    assert _backends_named(loop / "_asyncio.py") == {"asyncio"}
+    assert _backends_named(loop / "_trio.py") == {"trio"}
+    assert _backends_named(loop / "__init__.py") == {"sniffio"}
+    assert _backends_named(ROOT / "bls" / "serve" / "trio_http.py") == {"trio"}
+
+
+def _importers(target: str) -> set[str]:
+    modules = _modules()
+    known = set(modules)
+    return {name for name, path in modules.items() if target in _imports(name, path, known)}
+
+
+def test_admission_is_one_room() -> None:
+    """Who runs, waits or gets 429 is decided in serve/admission.py: the tenant function
+    and the admission headers are read there alone, and the frontend and the command line
+    (its checks before anything starts) reach it through that one module."""
+    assert _importers("bls.serve.tenants") == {"bls.serve.admission"}
+    assert _importers("bls.serve.admission") <= {"bls.serve.app", "bls.commands"}
+
+
+def test_metrics_ask_each_binding_for_its_counts_and_look_inside_none() -> None:
+    source = (ROOT / "bls" / "serve" / "metrics.py").read_text()
+    assert ".counts()" in source
+    for hunt in ("getattr(binding", "hasattr(", ".inner", "isinstance(binding"):
+        assert hunt not in source, hunt
+
+
+def test_a_replicas_health_is_read_and_written_in_ejection_alone() -> None:
+    for path in (ROOT / "transport").glob("*.py"):
+        if path.name in ("ejection.py", "connection.py"):  # (connection.py makes it)
+            continue
+        assert ".health" not in path.read_text(), path.name

@@ -1,5 +1,6 @@
-"""The backend seam (bls/loop.py), on asyncio and trio: a waiter wakes its one task, a
-deadline armed through the seam ends a scope and one removed does not, a spawned task
+"""The backend seam (bls/loop/), on asyncio and trio: a waiter wakes its one task, a
+deadline set through the seam ends a scope and one cleared does not, NaN is refused,
+deadlines a shared delay away end in order, a spawned task
 stops when told, delays hand keys over in order and never early, and the shared timers
 fire in order, never early."""
 
@@ -13,6 +14,7 @@ import anyio
 import pytest
 
 from bls import loop
+from bls.loop._asyncio import Timers
 
 pytestmark = pytest.mark.anyio
 
@@ -31,58 +33,71 @@ async def test_a_waiter_wakes_its_task_and_says_when_it_was_cancelled() -> None:
         assert not gone.wake()
 
 
-async def test_a_deadline_through_the_seam_ends_its_scope_and_a_removed_one_does_not() -> None:
+async def test_a_deadline_through_the_seam_ends_its_scope_and_a_cleared_one_does_not() -> None:
     backend = loop.backend()
     with anyio.CancelScope() as scope:
-        backend.deadline(scope, backend.now() + 0.01, None, scope.cancel)
+        backend.deadline(scope).at(backend.now() + 0.01)
         await anyio.sleep(5)
     assert scope.cancelled_caught
     with anyio.CancelScope() as kept:
-        armed = backend.deadline(kept, backend.now() + 0.01, None, kept.cancel)
-        backend.deadline(kept, math.inf, armed, kept.cancel)
+        deadline = backend.deadline(kept)
+        deadline.after(0.01)
+        deadline.clear()
         await anyio.sleep(0.05)
     assert not kept.cancelled_caught
 
 
+async def test_a_deadline_refuses_nan() -> None:
+    deadline = loop.backend().deadline(anyio.CancelScope())
+    for set_it in (deadline.at, deadline.after):
+        with pytest.raises(ValueError, match="not NaN"):
+            set_it(math.nan)
+
+
 async def test_a_distant_deadline_ends_its_scope_on_time_not_early() -> None:
     backend = loop.backend()
-    ended: list[float] = []
     with anyio.CancelScope() as scope:
         wanted = backend.now() + 1.2  # filed under its whole second first (asyncio)
-
-        def fire() -> None:  # as RequestScope does: check, then cancel or arm again
-            if backend.now() < wanted:
-                backend.deadline(scope, wanted, None, fire)
-            else:
-                ended.append(backend.now())
-                scope.cancel()
-
-        backend.deadline(scope, wanted, None, fire)
+        backend.deadline(scope).at(wanted)
         await anyio.sleep(5)
     assert scope.cancelled_caught
-    ended_at = ended[0] if ended else backend.now()  # (trio: the scope's own deadline)
-    assert wanted <= ended_at < wanted + 0.5
+    assert wanted <= backend.now() < wanted + 0.5
 
 
 async def test_a_deadline_moved_later_fires_no_earlier_than_the_new_one() -> None:
     backend = loop.backend()
-    fired: list[float] = []
     start = backend.now()
     with anyio.CancelScope() as scope:
-        wanted = start + 0.05
-
-        def fire() -> None:  # as RequestScope does: check, then cancel or arm again
-            if backend.now() < wanted:
-                backend.deadline(scope, wanted, None, fire)
-            else:
-                fired.append(backend.now())
-                scope.cancel()
-
-        armed = backend.deadline(scope, start + 0.01, None, fire)
-        backend.deadline(scope, wanted, armed, fire)  # later: the first may stay armed
+        deadline = backend.deadline(scope)
+        deadline.at(start + 0.01)
+        deadline.at(start + 0.05)  # later: the first may stay filed, and files itself again
         await anyio.sleep(5)
-    assert scope.cancelled_caught
-    assert backend.now() >= wanted and (not fired or fired[0] >= wanted)
+    assert scope.cancelled_caught and backend.now() >= start + 0.05
+
+
+async def test_deadlines_a_shared_delay_away_wait_in_one_queue_and_fire_in_order() -> None:
+    backend = loop.backend()
+    backend.share(0.03)
+    ended: dict[str, float] = {}
+    began = backend.now()
+
+    async def request(name: str, clear: bool = False) -> None:
+        with anyio.CancelScope() as scope:
+            deadline = backend.deadline(scope)
+            deadline.after(0.03)  # the shared delay
+            if clear:
+                deadline.clear()
+                deadline.after(0.06)  # (not the shared delay: its own)
+            await anyio.sleep(5)
+        ended[name] = backend.now()
+
+    async with anyio.create_task_group() as tg:
+        for name in ("a", "b"):
+            tg.start_soon(request, name)
+            await anyio.sleep(0.005)
+        tg.start_soon(request, "moved", True)
+    assert ended["a"] <= ended["b"] < ended["moved"]
+    assert ended["a"] >= began + 0.03 and ended["moved"] >= began + 0.06
 
 
 async def test_a_spawned_task_runs_beside_the_caller_and_stops_when_told() -> None:
@@ -165,7 +180,7 @@ async def test_delays_keep_handing_over_after_a_callback_fails(
 def test_shared_timers_fire_in_order_never_early_and_not_once_removed() -> None:
     async def main() -> None:
         running = asyncio.get_running_loop()
-        wheel = loop.Timers(running)
+        wheel = Timers(running)
         fired: list[tuple[str, float]] = []
         done = asyncio.Event()
         start = running.time()

@@ -1,4 +1,4 @@
-"""bls.traffic: each knob checked with an error naming the stage and the field, the retry
+"""bls.policy: each knob checked with an error naming the stage and the field, the retry
 budget's arithmetic, hedge delays from recent latencies, and bls.remaining()."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 import bls
+from bls.policy import Latencies, PolicyError, PolicyState, RetryBudget, policy_from
 from bls.scope import CallContext
-from bls.traffic import Latencies, PolicyError, RetryBudget, Traffic, policy_from
 from transport import attempts
 
 
@@ -140,9 +140,7 @@ class _DeadlineEverywhere:
 
     def __init__(self) -> None:
         self.policy = policy_from("work", {"idempotent": True, "hedge": {"after_ms": 1}})
-        self.traffic = Traffic()
-        self.latencies = Latencies()
-        self.retry_budget = None
+        self.state = PolicyState(self.policy)
         self.connections = [SimpleNamespace(alive=True, retired=False) for _ in range(2)]
         self.copies = 0
 
@@ -158,7 +156,7 @@ async def test_a_hedged_call_whose_copies_see_the_deadline_pass_raises_deadline_
     replicas = _DeadlineEverywhere()
     with pytest.raises(bls.DeadlineExceeded, match="deadline passed in the worker"):
         await attempts.call(replicas, [], CallContext())  # type: ignore[arg-type]
-    assert replicas.copies == 2 and replicas.traffic.hedges == 1
+    assert replicas.copies == 2 and replicas.state.counts.hedges == 1
 
 
 class _Copies:
@@ -169,9 +167,7 @@ class _Copies:
     def __init__(self, *delays: float, max_copies: int = 1) -> None:
         fields = {"idempotent": True, "hedge": {"after_ms": 10, "max": max_copies}}
         self.policy = policy_from("work", fields)
-        self.traffic = Traffic()
-        self.latencies = Latencies()
-        self.retry_budget = None
+        self.state = PolicyState(self.policy)
         self.connections = [SimpleNamespace(alive=True, retired=False) for _ in range(3)]
         self.delays = list(delays)
 
@@ -197,8 +193,8 @@ async def test_hedges_cancelled_counts_copies_that_lost(
 ) -> None:
     replicas = _Copies(*delays, max_copies=len(delays) - 1)
     await attempts.call(replicas, [], CallContext())  # type: ignore[arg-type]
-    sent = replicas.traffic.hedges
-    assert (sent, replicas.traffic.hedges_won, replicas.traffic.hedges_cancelled) == (
+    sent = replicas.state.counts.hedges
+    assert (sent, replicas.state.counts.hedges_won, replicas.state.counts.hedges_cancelled) == (
         len(delays) - 1,
         won,
         cancelled,

@@ -13,7 +13,7 @@ import pytest
 import bls
 from bls.bindings import Binding
 from bls.runtime import Runtime
-from bls.scope import NO_CONTEXT, CallContext, RequestScope, current
+from bls.scope import NO_CONTEXT, CallContext, Reason, RequestScope, current
 from bls.tracing import Trace
 
 pytestmark = pytest.mark.anyio
@@ -24,15 +24,15 @@ async def test_the_deadline_ends_the_scope_and_says_so() -> None:
     scope.expire_after(0.01)
     async with scope:
         await anyio.sleep(5)
-    assert scope.cancelled_caught and scope.expired
+    assert scope.cancelled_caught and scope.reason is Reason.DEADLINE
 
 
 async def test_a_cancel_before_it_starts_ends_it_as_it_starts() -> None:
     scope = RequestScope("r")
-    scope.cancel()  # a drain reached it before it started
+    scope.cancel(Reason.DRAIN)  # a drain reached it before it started
     async with scope:
         await anyio.sleep(5)
-    assert scope.cancelled_caught and not scope.expired
+    assert scope.cancelled_caught and scope.reason is Reason.DRAIN
 
 
 async def test_a_cancel_from_another_task_ends_it() -> None:
@@ -45,8 +45,8 @@ async def test_a_cancel_from_another_task_ends_it() -> None:
 
         tg.start_soon(request)
         await anyio.sleep(0.01)
-        scope.cancel()
-    assert scope.cancelled_caught and not scope.expired
+        scope.cancel(Reason.CLIENT_GONE)
+    assert scope.cancelled_caught and scope.reason is Reason.CLIENT_GONE
 
 
 async def test_a_cancel_after_it_ended_does_nothing() -> None:
@@ -54,9 +54,9 @@ async def test_a_cancel_after_it_ended_does_nothing() -> None:
     scope.expire_after(5)
     async with scope:
         await anyio.lowlevel.checkpoint()
-    scope.cancel()  # a drain reached it while it sent its answer
+    scope.cancel(Reason.DRAIN)  # a drain reached it while it sent its answer
     await anyio.sleep(0.01)
-    assert not scope.cancelled_caught
+    assert not scope.cancelled_caught and scope.reason is None
 
 
 async def test_the_deadline_can_move_while_it_runs() -> None:
@@ -68,7 +68,7 @@ async def test_the_deadline_can_move_while_it_runs() -> None:
         await anyio.sleep(0.05)
         scope.expire_after(0.01)
         await anyio.sleep(5)
-    assert scope.expired
+    assert scope.reason is Reason.DEADLINE
 
 
 async def test_stage_calls_inside_carry_the_deadline_and_trace_and_nothing_after() -> None:
@@ -94,7 +94,7 @@ async def test_expire_at_takes_an_absolute_deadline_as_a_frame_carries_it() -> N
     started = anyio.current_time()
     async with scope:
         await anyio.sleep(5)
-    assert scope.expired and anyio.current_time() - started < 2
+    assert scope.reason is Reason.DEADLINE and anyio.current_time() - started < 2
 
 
 async def test_a_callers_deadline_is_carried_but_not_raised() -> None:
@@ -155,12 +155,12 @@ async def test_a_cancel_from_inside_just_before_it_ends_does_not_outlive_it() ->
     for before in (False, True):
         scope = RequestScope("r")
         if before:
-            scope.cancel()  # a cancel frame came before the call started
+            scope.cancel(Reason.CALLER_CANCELLED)  # a cancel frame came before it started
         async with scope:
             if not before:
-                scope.cancel()
+                scope.cancel(Reason.CALLER_LOST)
         await anyio.sleep(0.01)  # must not raise: the task is not cancelled
-        assert not scope.expired
+        assert scope.reason is not Reason.DEADLINE
 
 
 # -- one cancellation model: the request scope behaves as trio's CancelScope ---------------
@@ -206,14 +206,15 @@ async def test_a_shield_inside_a_request_keeps_its_work_from_the_requests_cancel
         finished = False
         async with scope:
             if cancel:
-                scope.cancel()
+                scope.cancel(Reason.CALLER_CANCELLED)
             else:
                 scope.expire_after(0.01)
             with anyio.CancelScope(shield=True):
                 await anyio.sleep(0.05)  # past the deadline, or after the cancel
                 finished = True
             await anyio.sleep(5)  # here it ends
-        assert finished and scope.cancelled_caught and scope.expired is not cancel
+        expected = Reason.CALLER_CANCELLED if cancel else Reason.DEADLINE
+        assert finished and scope.cancelled_caught and scope.reason is expected
 
 
 async def test_a_shielded_request_scope_ignores_the_cancel_around_it() -> None:
@@ -266,3 +267,16 @@ async def test_a_request_run_inside_another_keeps_the_callers_priority() -> None
             await rt.run(inner, 1, timeout=1)  # (a scope of its own: the timeout)
             await rt.run(inner, 2)
     assert seen == [5, 5]
+
+
+async def test_the_first_reason_given_is_the_one_told() -> None:
+    scope = RequestScope("r")
+    async with scope:
+        scope.cancel(Reason.CLIENT_GONE)
+        scope.cancel(Reason.DRAIN)  # (a drain reached it after its client left)
+        await anyio.sleep(5)
+    assert scope.reason is Reason.CLIENT_GONE
+    untouched = RequestScope("r")
+    async with untouched:
+        pass
+    assert untouched.reason is None

@@ -5,7 +5,8 @@ another replica, after a back-off, within the retry budget and the deadline).
 
 Each copy is an attempt with a span of its own under the call's span (``attempt`` 1, 2,
 ...; the replica it went to), so the trace shows which copy answered and which was
-cancelled. What the policy did is counted in :class:`bls.traffic.Traffic` (``/metrics``).
+cancelled. What the policy did is counted in the stage's :class:`bls.policy.PolicyState`
+(``/metrics``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any, Protocol
 import anyio
 
 from bls.errors import DeadlineExceeded, StageError
+from bls.policy import Hedge
 from bls.scope import CallContext
 from bls.tracing import outcome_of
-from bls.traffic import Hedge, Latencies, RetryBudget
 
 from . import ejection
 from .connection import Connection
@@ -29,12 +30,11 @@ __all__ = ["Replicas", "call"]
 
 
 class Replicas(ejection.Replicas, Protocol):
-    """What the attempts need of a stage's replica set besides: its description, the
-    latencies and retry budget it keeps, and one call."""
+    """What the attempts need of a stage's replica set besides: its description, and
+    one call."""
 
-    description: str
-    latencies: Latencies
-    retry_budget: RetryBudget | None
+    @property
+    def description(self) -> str: ...
 
     async def answer(
         self, body: list[Any], ctx: CallContext, busy: list[Connection] | None = None
@@ -45,7 +45,7 @@ async def call(binding: Replicas, body: list[Any], ctx: CallContext) -> Any:
     """The answer's frames of one unary call under the binding's policy."""
     policy = binding.policy
     retry = policy.retry
-    budget = binding.retry_budget
+    budget = binding.state.retry_budget
     if budget is not None:
         budget.deposit()
     numbers = iter(range(1, 1_000))
@@ -64,9 +64,9 @@ async def call(binding: Replicas, body: list[Any], ctx: CallContext) -> Any:
             if time.time() + backoff >= ctx.deadline:
                 raise  # a retry could not answer in time
             if budget is not None and not budget.withdraw():
-                binding.traffic.retries_denied += 1
+                binding.state.counts.retries_denied += 1
                 raise
-            binding.traffic.retries += 1
+            binding.state.counts.retries += 1
             await anyio.sleep(backoff)
 
 
@@ -99,7 +99,7 @@ async def _hedged(
     hedge delay (up to ``hedge.max`` extra), each to a replica no other copy is on
     (``busy``, which each copy joins); the first answer wins and the rest are
     cancelled. All failing: the first error, as a call without copies raises it."""
-    traffic = binding.traffic
+    traffic = binding.state.counts
     hedged_from = len(busy)
     answers: list[tuple[int, Any]] = []
     errors: list[StageError | DeadlineExceeded] = []
@@ -130,7 +130,7 @@ async def _hedged(
         running = 1
         tg.start_soon(attempt, next(numbers), True)
         for _ in range(hedge.max):
-            delay = hedge.delay(binding.latencies)
+            delay = hedge.delay(binding.state.latencies)
             if delay is None or not _worth_it(binding, ctx, delay, len(busy) - hedged_from):
                 break
             with anyio.move_on_after(delay):
@@ -154,7 +154,7 @@ def _worth_it(binding: Replicas, ctx: CallContext, wait: float, copies: int) -> 
     others = [c for c in binding.connections if c.alive and not c.retired]
     if len(others) <= copies:
         return False
-    typical = binding.latencies.quantile(0.5) or 0.0
+    typical = binding.state.latencies.quantile(0.5) or 0.0
     if not math.isfinite(ctx.deadline):
         return True
     return time.time() + wait + typical < ctx.deadline

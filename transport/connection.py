@@ -4,7 +4,7 @@ honest.
 A :class:`Connection` has its own socket, a reader, a monitor socket (a dead peer is
 noticed the moment its TCP/IPC connection drops), heartbeats (a hung peer is noticed
 after ``dead_after_s``) and the worker's hello (its types, its instance). Each call made
-on it is a :class:`Call`, an inbox its frames arrive in; a lost connection tells each
+on it has an :class:`Inbox` its frames arrive in; a lost connection tells each
 waiting call whether its worker had started it (:data:`LOST_STARTED`) or not
 (:data:`LOST_UNSTARTED`, safe to retry elsewhere). Choosing among replicas is
 :mod:`.replicas`' business.
@@ -36,7 +36,7 @@ from .liveness import ticks
 from .sockets import AsyncSocket
 from .wire import Header, Hello, Kind, WorkerInfo
 
-__all__ = ["LOST_STARTED", "LOST_UNSTARTED", "Call", "Connection", "adopt_spans", "serves"]
+__all__ = ["LOST_STARTED", "LOST_UNSTARTED", "Connection", "Inbox", "adopt_spans", "serves"]
 
 log = logging.getLogger("bls.transport")
 
@@ -57,16 +57,16 @@ _MONITOR_EVENTS = (
 _monitors = 0  # monitor sockets made so far (each needs an endpoint of its own)
 
 
-class Call:
+class Inbox:
     """One call's inbox: frames for it, in order, as the reader delivers them; when it
-    was sent, and whether its time was counted for its replica's health (.ejection)."""
+    was sent, and whether its time was sampled for its replica's health (.ejection)."""
 
-    __slots__ = ("backend", "done", "id", "items", "sent", "spans", "timed", "waiter")
+    __slots__ = ("backend", "done", "id", "items", "sampled", "sent", "spans", "waiter")
 
     def __init__(self, call_id: int, backend: loop.Backend) -> None:
         self.id = call_id
         self.sent = time.monotonic()
-        self.timed = False
+        self.sampled = False
         self.items: collections.deque[tuple[int, Any]] = collections.deque()
         self.backend = backend
         self.waiter: loop.Waiter | None = None
@@ -96,7 +96,7 @@ class Connection:
         self.info: WorkerInfo | None = None
         self.alive = False
         self.reason = "not connected yet"
-        self.calls: dict[int, Call] = {}
+        self.calls: dict[int, Inbox] = {}
         self.health = Health()  # its standing for outlier ejection (.ejection's alone)
         self.acked = 0
         self.last_heard = 0.0
@@ -235,10 +235,10 @@ class Connection:
         credit: int = 0,
         trace: str = "",
         priority: int = 0,
-    ) -> Call:
+    ) -> Inbox:
         assert self.info is not None and self._backend is not None
         self._next_id += 1
-        call = Call(self._next_id, self._backend)
+        call = Inbox(self._next_id, self._backend)
         self.calls[call.id] = call
         self._send(
             Kind.CALL,
@@ -253,7 +253,7 @@ class Connection:
         )
         return call
 
-    def end_call(self, call: Call, ctx: CallContext = NO_CONTEXT) -> None:
+    def end_call(self, call: Inbox, ctx: CallContext = NO_CONTEXT) -> None:
         """Forget a call; if no final frame came, tell the worker to cancel it."""
         self.calls.pop(call.id, None)
         self.close_when_idle()
@@ -267,7 +267,7 @@ class Connection:
                     if len(self._cancelled_traces) > _CANCELLED_TRACES_MAX:
                         del self._cancelled_traces[next(iter(self._cancelled_traces))]
 
-    def grant(self, call: Call, count: int) -> None:
+    def grant(self, call: Inbox, count: int) -> None:
         if self.alive:
             self._send(Kind.CREDIT, call.id, count=count)
 
@@ -343,7 +343,7 @@ class Connection:
             # What the worker sent before it went (a draining worker's last replies) may
             # still wait in the socket: take it before failing the calls it answers.
             if self._sock is not None:
-                self._sock.drain()
+                self._sock.pump()
             self._lost("the connection dropped")
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self._handshake_error = "the worker refused this caller's credentials (CURVE)"
@@ -368,7 +368,7 @@ def serves(info: WorkerInfo) -> tuple[bool, Any, Any]:
     return info.streaming, shape(info.request_schema), shape(info.response_schema)
 
 
-def adopt_spans(call: Call, ctx: CallContext) -> None:
+def adopt_spans(call: Inbox, ctx: CallContext) -> None:
     """Hang the spans a traced call's worker reported under the call's own span."""
     if call.spans and ctx.trace is not None:
         ctx.trace.adopt(wire.decode_spans(call.spans), ctx.parent)

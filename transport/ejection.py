@@ -1,6 +1,6 @@
 """Outlier ejection: a replica whose calls keep failing, or take far longer than its
 peers', is taken out of rotation for a while (``eject`` in a stage's policy,
-:class:`bls.traffic.Eject`), then tried again; ejected again soon after, it stays out twice
+:class:`bls.policy.Eject`), then tried again; ejected again soon after, it stays out twice
 as long. Never more than ``max_fraction`` of a stage's replicas are out at once, and the
 replica set still picks an ejected one when no other is left.
 
@@ -19,7 +19,7 @@ still running far past its peers' as slow before it ends. What counts against a 
   times out on an upstream counts it (a replica that takes calls and never answers
   still sends heartbeats; this is how it is noticed).
 
-Ejections are logged and counted in the stage's :class:`bls.traffic.Traffic`.
+Ejections are logged and counted in the stage's :class:`bls.policy.PolicyState`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from bls.traffic import Policy, Traffic
+from bls.policy import Policy, PolicyState
 
 __all__ = ["Health", "cut", "in_rotation", "outcome", "took", "watch"]
 
@@ -57,11 +57,11 @@ class Health:
         self.recent: collections.deque[float] = collections.deque(maxlen=RECENT)
 
 
-class Call(Protocol):
-    """A call in flight (:class:`.connection.Call`): when it went, whether it was timed."""
+class Inbox(Protocol):
+    """A call in flight (:class:`.connection.Inbox`): when it went, whether its time was sampled."""
 
     sent: float
-    timed: bool
+    sampled: bool
 
 
 class Replica(Protocol):
@@ -76,7 +76,7 @@ class Replica(Protocol):
     @property
     def health(self) -> Health: ...
     @property
-    def calls(self) -> Mapping[int, Call]: ...
+    def calls(self) -> Mapping[int, Inbox]: ...
 
 
 class Replicas(Protocol):
@@ -88,7 +88,7 @@ class Replicas(Protocol):
     @property
     def policy(self) -> Policy: ...
     @property
-    def traffic(self) -> Traffic: ...
+    def state(self) -> PolicyState: ...
     @property
     def connections(self) -> Sequence[Replica]: ...
 
@@ -111,15 +111,15 @@ def outcome(replicas: Replicas, conn: Replica, failed: bool) -> None:
         health.failures = eject.failures - 1  # back in rotation, one more failure ejects it
 
 
-def took(replicas: Replicas, conn: Replica, call: Call) -> None:
+def took(replicas: Replicas, conn: Replica, call: Inbox) -> None:
     """``call`` on ``conn`` ended (answered, or cancelled: a hedge's loser, a client that
     left): its time so far counts, unless :func:`watch` counted it already."""
-    if not call.timed:
-        call.timed = True
+    if not call.sampled:
+        call.sampled = True
         _sample(replicas, conn, time.monotonic() - call.sent)
 
 
-def cut(replicas: Replicas, conn: Replica, call: Call, deadline: float) -> None:
+def cut(replicas: Replicas, conn: Replica, call: Inbox, deadline: float) -> None:
     """``call`` on ``conn`` was cancelled: it counts as :func:`took` says, and, when the
     request's ``deadline`` (epoch seconds) is what cancelled it, as a failure."""
     took(replicas, conn, call)
@@ -140,14 +140,14 @@ async def watch(replicas: Replicas) -> None:
             continue
         now = time.monotonic()
         for conn in replicas.connections:
-            # (calls in the order they were sent: a stream past its first item is timed)
-            oldest = next((c for c in conn.calls.values() if not c.timed), None)
+            # (calls in the order they were sent: a stream past its first item is sampled)
+            oldest = next((c for c in conn.calls.values() if not c.sampled), None)
             if oldest is None:
                 continue
             typical = _peers(replicas.connections, conn, now)
             age = now - oldest.sent
             if typical is not None and _lags(eject, age, typical):
-                oldest.timed = True
+                oldest.sampled = True
                 _sample(replicas, conn, age)
 
 
@@ -196,7 +196,7 @@ def _eject(replicas: Replicas, conn: Replica, why: str) -> None:
     seconds = min(eject.max_ms, eject.for_ms * 2**health.ejections) / 1000
     health.ejected_until = now + seconds
     health.ejections += 1
-    replicas.traffic.ejections += 1
+    replicas.state.counts.ejections += 1
     log.warning(
         "stage %r: replica %s ejected for %.1fs %s", replicas.name, conn.address, seconds, why
     )

@@ -25,14 +25,15 @@ import msgspec
 
 from bls.bindings import Binding
 from bls.config import TransportConfig
-from bls.errors import InvalidRequest, StageError
+from bls.counts import StageCounts
+from bls.errors import ErrorKind, InvalidRequest, StageError
 from bls.messages import Signature, type_name
+from bls.policy import REQUEST_FAULTS, Policy, PolicyState
 from bls.scope import NO_CONTEXT, CallContext
-from bls.traffic import REQUEST_FAULTS, Latencies, Policy, RetryBudget, Traffic
 from bls.typenames import loaded_class
 
 from . import attempts, ejection, wire
-from .connection import LOST_STARTED, LOST_UNSTARTED, Call, Connection, adopt_spans, serves
+from .connection import LOST_STARTED, LOST_UNSTARTED, Connection, Inbox, adopt_spans, serves
 from .stream import RemoteStream
 from .wire import ErrorInfo, Kind, WorkerInfo
 
@@ -40,7 +41,10 @@ __all__ = ["RemoteBinding", "remote_binding"]
 
 log = logging.getLogger("bls.transport")
 
-_RETRYABLE = ("overloaded", "unavailable")  # kinds a worker uses to refuse before starting
+_RETRYABLE = (
+    ErrorKind.OVERLOADED,
+    ErrorKind.UNAVAILABLE,
+)  # kinds a worker uses to refuse before starting
 
 
 class RemoteBinding(Binding):
@@ -76,13 +80,11 @@ class RemoteBinding(Binding):
         self._codec = wire.Codec()
         self._result = wire.Codec()
         self._rotation = 0
-        self.latencies = Latencies()  # recent unary call latencies (hedge.after = "p95")
-        self.traffic = Traffic()  # what the policy did, for /metrics
-        self.retry_budget: RetryBudget | None = None  # with a retry policy
+        self.state = PolicyState()  # what its policy keeps: latencies, budget, counts
 
     def set_policy(self, policy: Policy) -> None:
         super().set_policy(policy)
-        self.retry_budget = RetryBudget(policy.retry.budget) if policy.retry else None
+        self.state = PolicyState(policy)
 
     @classmethod
     def discovered(
@@ -265,17 +267,12 @@ class RemoteBinding(Binding):
     def ready(self) -> bool:
         return any(c.alive and not c.retired for c in self.connections)
 
-    def counts(self) -> dict[str, Traffic]:
-        return {"": self.traffic}
+    def counts(self) -> StageCounts:
+        return StageCounts(traffic={"": self.state.counts})
 
     def models(self) -> list[str]:
         infos = (c.info for c in self.connections if c.info is not None and c.alive)
         return list(dict.fromkeys(name for info in infos for name in info.models))
-
-    @property
-    def inflight(self) -> dict[str, int]:
-        """The calls in flight on each replica, by address."""
-        return {c.address: len(c.calls) for c in self.connections}
 
     def expect(self, tp: Any) -> None:
         super().expect(tp)
@@ -304,7 +301,9 @@ class RemoteBinding(Binding):
 
     def _unavailable(self) -> StageError:
         states = "; ".join(f"{c.address}: {c.reason or 'busy'}" for c in self.connections)
-        return StageError(self.name, "unavailable", f"no replica can take the call ({states})")
+        return StageError(
+            self.name, ErrorKind.UNAVAILABLE, f"no replica can take the call ({states})"
+        )
 
     def _request(self, req: Any) -> list[Any]:
         try:
@@ -316,7 +315,7 @@ class RemoteBinding(Binding):
         if size > self.settings.max_frame_bytes:
             raise StageError(
                 self.name,
-                "too_large",
+                ErrorKind.TOO_LARGE,
                 f"the request is {size} bytes, over the {self.settings.max_frame_bytes}-byte limit",
             )
         return body
@@ -332,7 +331,7 @@ class RemoteBinding(Binding):
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
             expected = type_name(self.result_type)
             raise StageError(
-                self.name, "invalid_response", f"result does not match {expected}: {exc}"
+                self.name, ErrorKind.INVALID_RESPONSE, f"result does not match {expected}: {exc}"
             ) from None
 
     async def start_call(
@@ -341,7 +340,7 @@ class RemoteBinding(Binding):
         credit: int,
         ctx: CallContext,
         busy: list[Connection] | None = None,
-    ) -> tuple[Connection, Call, int, Any]:
+    ) -> tuple[Connection, Inbox, int, Any]:
         """Start the call on some replica and wait for its first frame, retrying calls
         that a replica refused or lost before starting them. ``ctx`` gives the deadline
         and trace the call carries, and the span that records it. ``busy``: replicas
@@ -380,7 +379,7 @@ class RemoteBinding(Binding):
                 ejection.outcome(self, conn, failed=True)
                 raise StageError(
                     self.name,
-                    "unavailable",
+                    ErrorKind.UNAVAILABLE,
                     f"the worker at {conn.address} was lost mid-call: {rest}",
                 )
             if kind == Kind.ERROR:
@@ -420,7 +419,7 @@ class RemoteBinding(Binding):
         conn, call, _, rest = await self.start_call(body, 0, ctx, busy)
         conn.end_call(call)
         adopt_spans(call, ctx)
-        self.latencies.add(time.monotonic() - started)
+        self.state.latencies.add(time.monotonic() - started)
         return rest
 
     def decode_item(self, rest: Any, ctx: CallContext) -> Any:

@@ -5,18 +5,18 @@ through :meth:`bls.loop.Backend.fd_reader` (the loop's reader callback on asynci
 on trio). That FD is edge-triggered: it signals when the socket's state changes, not while
 messages are waiting, and any send or receive may consume the signal. So:
 
-- a drain ends only when ``zmq.EVENTS`` says no input is left. One that stops after a
+- a pump ends only when ``zmq.EVENTS`` says no input is left. One that stops after a
   batch (to let other work run) makes sure the rest is read soon (``FdReader.again``:
-  the reader may be waiting for an edge that a drain elsewhere already took). Whoever
-  drains, nothing is left unread with nothing to wake the reader;
-- a message whose handler raises is logged and counted (:attr:`AsyncSocket.errors`);
-  the messages after it are read as usual;
-- after a send, pending input is drained before the loop next waits (``FdReader.check``:
+  the reader may be waiting for an edge that a pump elsewhere already took). Whoever
+  pumps, nothing is left unread with nothing to wake the reader;
+- a message whose handler raises is logged and dropped; the messages after it are read
+  as usual;
+- after a send, pending input is pumped before the loop next waits (``FdReader.check``:
   once per loop turn on asyncio however many tasks sent; at once in the sending task on
   trio, where dispatch is synchronous and so safe anywhere);
 - :meth:`AsyncSocket.watch`, belt and braces, looks each second for input that waits
   with no wake-up coming (none of the above should ever allow it), logs it loudly,
-  counts it (:attr:`AsyncSocket.stalls`) and reads it;
+  tells its owner (a worker counts it) and reads it;
 - sends never block: if the socket's queue is full the frames wait in a backlog that
   the reader flushes as soon as ``POLLOUT`` is reported. Flow control above (credits,
   in-flight limits) bounds that backlog. Because ``send`` is synchronous, a cancelled
@@ -40,7 +40,7 @@ __all__ = ["AsyncSocket"]
 
 log = logging.getLogger("bls.transport")
 
-BATCH = 256  # messages handled per drain before yielding to other tasks
+BATCH = 256  # messages handled per pump before yielding to other tasks
 # Plain ints: pyzmq's flag enums cost an enum operation on every combination.
 _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
@@ -55,7 +55,7 @@ class AsyncSocket:
     """A zmq socket whose incoming messages are handed to ``on_message`` synchronously.
 
     ``on_message(frames)`` must not block; it receives a list of ``zmq.Frame``. If it
-    raises, the message is dropped, logged and counted in :attr:`errors`. For a ROUTER
+    raises, the message is dropped and logged. For a ROUTER
     socket with ``ROUTER_MANDATORY`` set, ``unroutable(identity)`` is told of a message
     that could not be queued for its peer (gone, or its queue is at the high-water mark);
     the message is dropped rather than held: one peer that does not read must not hold
@@ -76,11 +76,8 @@ class AsyncSocket:
         self._raw_send = zmq.backend.Socket.send.__get__(sock)
         self._on_message = on_message
         self._backlog: collections.deque[Sequence[Any]] = collections.deque()
-        self._reading = False  # a drain is running (dispatch may send, and sends drain)
+        self._reading = False  # a pump is running (dispatch may send, and sends pump)
         self.closed = False
-        self.received = 0  # messages read
-        self.errors = 0  # messages whose handler raised
-        self.stalls = 0  # times watch() found input waiting with no wake-up coming
         self._fd = int(sock.getsockopt(zmq.FD))
         self._reader: loop.FdReader | None = None  # once run() runs
 
@@ -94,7 +91,7 @@ class AsyncSocket:
         if self._reader is not None:
             self._reader.check()
         else:
-            self.drain()
+            self.pump()
 
     def _send_now(self, frames: Sequence[Any]) -> bool:
         """Send one message without blocking; False if the queue is full (nothing sent).
@@ -123,11 +120,11 @@ class AsyncSocket:
         """Forget queued (unsent) messages for which ``keep`` is false."""
         self._backlog = collections.deque(m for m in self._backlog if keep(m))
 
-    def drain(self) -> None:
+    def pump(self) -> None:
         """Flush the backlog and hand every waiting message to ``on_message``.
 
-        Safe to call from anywhere, any number of times (a call made while a drain runs
-        does nothing: that drain goes on). It ends when ``zmq.EVENTS`` says no input is
+        Safe to call from anywhere, any number of times (a call made while a pump runs
+        does nothing: that pump goes on). It ends when ``zmq.EVENTS`` says no input is
         left; if it stops after a batch instead, the rest is read soon (see the module's
         docstring), whichever task or callback called it.
         """
@@ -139,7 +136,7 @@ class AsyncSocket:
         finally:
             self._reading = False
         if left and self._reader is not None:
-            self._reader.again()  # (before run(), run() drains first)
+            self._reader.again()  # (before run(), run() pumps first)
 
     def _read_batch(self) -> bool:
         """Read up to :data:`BATCH` messages; True if input is left after them."""
@@ -159,11 +156,9 @@ class AsyncSocket:
             while frame.more:
                 frame = recv(_NOBLOCK, copy=False)
                 frames.append(frame)
-            self.received += 1
             try:
                 self._on_message(frames)
             except Exception:
-                self.errors += 1
                 log.exception("a message's handler failed; the message is dropped")
             if self.closed:  # a handler closed it
                 return False
@@ -180,32 +175,29 @@ class AsyncSocket:
 
     async def run(self) -> None:
         """The reader; runs until cancelled. The owner closes the socket after."""
-        self._reader = loop.backend().fd_reader(self._fd, self.drain)
+        self._reader = loop.backend().fd_reader(self._fd, self.pump)
         await self._reader.run()
 
     async def watch(self, on_stall: Callable[[], None] | None = None, every: float = 1.0) -> None:
         """Each ``every`` seconds, look for input that waits with no wake-up coming (the
-        FD not readable, no drain scheduled, yet ``zmq.EVENTS`` reports input): log it
-        loudly, count it in :attr:`stalls` (and tell ``on_stall``), and read it. Runs
-        until cancelled."""
+        FD not readable, no pump scheduled, yet ``zmq.EVENTS`` reports input): log it
+        loudly, tell ``on_stall`` (which counts it), and read it. Runs until cancelled."""
         while True:
             await anyio.sleep(every)
             if self.closed:
                 return
             if self._reading or (self._reader is not None and self._reader.pending):
-                continue  # a drain is on its way
+                continue  # a pump is on its way
             if select.select([self._fd], [], [], 0)[0]:
                 continue  # a wake-up is pending: the reader will run
             if int(self.sock.get(_EVENTS)) & _POLLIN:
-                self.stalls += 1
                 log.error(
                     "input waited unread with nothing to wake the reader (a missed "
-                    "wake-up, %d so far): reading it now",
-                    self.stalls,
+                    "wake-up): reading it now"
                 )
                 if on_stall is not None:
                     on_stall()
-            self.drain()  # also flushes a backlog whose POLLOUT that read may have taken
+            self.pump()  # also flushes a backlog whose POLLOUT that read may have taken
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket; ``linger_ms`` lets already-queued messages go out first."""

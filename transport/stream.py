@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from bls.errors import StageError
+from bls.errors import ErrorKind, StageError
 from bls.scope import CallContext
 
 from . import wire
-from .connection import Call, Connection, adopt_spans
+from .connection import Connection, Inbox, adopt_spans
 from .wire import ErrorInfo, Kind
 
 __all__ = ["WINDOW", "CallStarter", "RemoteStream"]
@@ -30,7 +30,7 @@ class CallStarter(Protocol):
 
     async def start_call(
         self, body: list[Any], credit: int, ctx: CallContext
-    ) -> tuple[Connection, Call, int, Any]: ...
+    ) -> tuple[Connection, Inbox, int, Any]: ...
 
     def decode_item(self, rest: Any, ctx: CallContext) -> Any: ...
 
@@ -47,7 +47,7 @@ class RemoteStream:
         self._body = body
         self._ctx = ctx
         self._conn: Connection | None = None
-        self._call: Call | None = None
+        self._call: Inbox | None = None
         self._finished = False
         self._unacked = 0
 
@@ -86,7 +86,7 @@ class RemoteStream:
             raise self._binding.error(wire.decode_error(rest[0]), self._conn)
         raise StageError(
             self._binding.name,
-            "unavailable",
+            ErrorKind.UNAVAILABLE,
             f"the worker at {self._conn.address} was lost mid-stream: {rest}",
         )
 

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from bls.codec import Codec
-from bls.errors import DeadlineExceeded, InvalidRequest, StageError
+from bls.errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError
 from bls.priorities import MAX_PRIORITY
 from bls.scope import LATEST_DEADLINE
 from bls.tracing import Span
@@ -140,10 +140,10 @@ def error_from(info: ErrorInfo, stage: str, served: str) -> Exception:
     (``stage``); errors from stages the worker called itself keep theirs.
     """
     name = stage if info.stage == served else info.stage
-    if info.kind == "invalid_request":
+    if info.kind == ErrorKind.INVALID_REQUEST:
         path = info.path or "$"
         return InvalidRequest(name, info.message, path, info.traceback, mismatch=info.mismatch)
-    if info.kind == "deadline":
+    if info.kind == ErrorKind.DEADLINE:
         return DeadlineExceeded(f"stage {stage!r}: the deadline passed in the worker")
     return StageError(name, info.kind, info.message, info.traceback)
 

@@ -16,14 +16,14 @@ import anyio
 import msgspec
 
 from bls.bindings import InlineBinding
-from bls.errors import InvalidRequest, StageError
-from bls.scope import CallContext, RequestScope
+from bls.errors import ErrorKind, InvalidRequest, StageError
+from bls.scope import CallContext, Reason, RequestScope
 from bls.tracing import Span, Trace, outcome_of
 
 from . import wire
 from .wire import Kind
 
-__all__ = ["CallRunner", "CallState", "Replies", "WorkerStats", "undecodable"]
+__all__ = ["CUT_SHORT", "CallRunner", "CallState", "Replies", "WorkerStats", "undecodable"]
 
 log = logging.getLogger("bls.worker")
 
@@ -43,33 +43,65 @@ class WorkerStats(msgspec.Struct):
 
 
 class CallState:
-    """One call the worker has taken: whose, how much stream credit it has, and what
-    happened to it (cancelled by its caller, its caller lost, cut by a drain)."""
+    """One call the worker has taken: whose, how much stream credit it has, and, once it
+    is cut short, why (:meth:`cut`)."""
 
     __slots__ = (
-        "cancelled",
         "client",
         "credit",
+        "deadline",
         "id",
         "key",
         "lost",
+        "priority",
+        "reason",
+        "request",
         "scope",
-        "shutdown",
         "trace",
         "wake",
     )
 
-    def __init__(self, client: bytes, call_id: int, credit: int) -> None:
+    def __init__(
+        self,
+        client: bytes,
+        call_id: int,
+        credit: int,
+        request: Any = None,
+        deadline: float = 0.0,
+        priority: int = 0,
+    ) -> None:
         self.client = client
         self.id = call_id
         self.key = (client, call_id)
         self.credit = credit
+        self.request = request  # decoded, until it starts
+        self.deadline = deadline  # epoch seconds; 0: none
+        self.priority = priority
         self.wake: anyio.Event | None = None
         self.scope: RequestScope | None = None
-        self.cancelled = False
+        self.reason: Reason | None = None  # why it was cut short before it started
         self.lost = ""  # why the worker gave up on the caller, if it did
-        self.shutdown = False  # cut by the end of a drain
         self.trace: Trace | None = None
+
+    def cut(self, reason: Reason) -> bool:
+        """Cut the call short: cancel it if it runs, else remember why for when it would
+        start. Whether it was running."""
+        if self.reason is None:
+            self.reason = reason
+        if self.scope is not None:
+            self.scope.cancel(reason)
+            return True
+        return False
+
+
+# How a call its scope ended is answered (the one table from a reason to an error frame):
+# its error kind and message.
+CUT_SHORT: dict[Reason, tuple[str, str]] = {
+    Reason.DEADLINE: (ErrorKind.DEADLINE, "the call's deadline passed"),
+    Reason.CALLER_CANCELLED: (ErrorKind.CANCELLED, "cancelled by the caller"),
+    Reason.CALLER_LOST: (ErrorKind.UNAVAILABLE, "the worker gave up on the caller"),
+    Reason.DRAIN: (ErrorKind.SHUTDOWN, "the worker shut down before the call ended"),
+}
 
 
 class Replies(Protocol):
@@ -94,19 +126,19 @@ class CallRunner:
         stage: str,
         stats: WorkerStats,
         replies: Replies,
-        replica: str = "",
     ) -> None:
         self.binding = binding
         self.stage = stage
         self.stats = stats
         self.replies = replies
-        self.replica = replica  # the address the caller reached, for its spans
+        self.replica = ""  # the address the caller reached, for its spans (once bound)
         self._response = wire.Codec()
 
-    async def run(self, state: CallState, req: Any, deadline: float, priority: int = 0) -> None:
-        """Run one call in its request scope: the caller's deadline (``deadline``, epoch
-        seconds; 0: none) ends it, and its stage calls carry it, the caller's trace and
-        its priority."""
+    async def run(self, state: CallState) -> None:
+        """Run one call in its request scope: the caller's deadline ends it, and its stage
+        calls carry it, the caller's trace and its priority."""
+        req, deadline, priority = state.request, state.deadline, state.priority
+        state.request = None  # (held by the call from here)
         trace, span = state.trace, None
         if trace is not None:
             # The worker's own span; its nested stage calls become its children.
@@ -117,13 +149,13 @@ class CallRunner:
         )
         if deadline:
             scope.expire_at(deadline)
-        if state.cancelled or state.shutdown:
-            scope.cancel()
+        if state.reason is not None:
+            scope.cancel(state.reason)
         try:
             async with scope:
                 await self._answer(state, req, span, scope)
             if scope.cancelled_caught:
-                kind, why = self._cut_short(state)
+                kind, why = self._cut_short(state, scope.reason)
                 _close(state, span, kind)
                 # Acknowledges the cancel; the caller has usually moved on already.
                 self._error(state, StageError(self.stage, kind, why))
@@ -150,19 +182,16 @@ class CallRunner:
             _close(state, span, *outcome_of(err))
             self._error(state, err)
 
-    def _cut_short(self, state: CallState) -> tuple[str, str]:
-        """The kind and reason of a call its scope ended before it answered."""
-        if state.lost:
+    def _cut_short(self, state: CallState, reason: Reason | None) -> tuple[str, str]:
+        """The kind and message of a call its scope ended before it answered
+        (:data:`CUT_SHORT`), counted."""
+        reason = reason or Reason.DEADLINE
+        kind, why = CUT_SHORT[reason]
+        if reason is Reason.DEADLINE:
+            self.stats.deadline += 1
+        else:
             self.stats.cancelled += 1
-            return "unavailable", state.lost
-        if state.shutdown:
-            self.stats.cancelled += 1
-            return "shutdown", "the worker shut down before the call ended"
-        if state.cancelled:
-            self.stats.cancelled += 1
-            return "cancelled", "cancelled by the caller"
-        self.stats.deadline += 1
-        return "deadline", "the call's deadline passed"
+        return kind, state.lost or why
 
     def _error(self, state: CallState, err: StageError) -> None:
         self.replies.final(state, Kind.ERROR, [wire.encode_error(wire.error_info(err))])
@@ -172,7 +201,7 @@ class CallRunner:
             return self._response.encode(value)
         except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             why = f"cannot send the result: {exc}"
-            raise StageError(self.stage, "invalid_response", why) from None
+            raise StageError(self.stage, ErrorKind.INVALID_RESPONSE, why) from None
 
     async def _stream(
         self, state: CallState, req: Any, span: Span | None, ctx: CallContext

@@ -23,20 +23,20 @@ import anyio.lowlevel
 import msgspec
 import zmq
 
-from bls import loop
 from bls.bindings import InlineBinding
-from bls.errors import StageError
+from bls.errors import ErrorKind, StageError
 from bls.lifecycle import Drain
 from bls.messages import json_schema
+from bls.scope import Reason
 from bls.tracing import Trace
 from bls.typenames import class_path
 
 from . import wire
-from .liveness import ticks
 from .sockets import AsyncSocket
 from .wire import Header, Kind, WorkerInfo
+from .worker_callers import Caller, Callers
 from .worker_calls import CallRunner, CallState, WorkerStats, undecodable
-from .worker_queue import CallQueue
+from .worker_queue import CallQueue, Lanes
 
 __all__ = ["WorkerServer", "WorkerStats"]
 
@@ -47,14 +47,6 @@ DEFAULT_CREDIT = 16
 # presumed gone, its calls are cancelled and what is sent to it is dropped.
 SEND_QUEUE = 10_000
 BUSY_WINDOW_S = 10.0  # the busy fraction a worker reports is over this long
-
-
-class _Client(msgspec.Struct):
-    seen: int = 0  # highest call id received
-    acked: int = 0  # highest call id acknowledged
-    last_heard: float = 0.0
-    inflight: int = 0  # its calls running now
-    refused: str = ""  # why its hello was refused: its calls are refused too
 
 
 class WorkerServer:
@@ -78,7 +70,6 @@ class WorkerServer:
         heartbeat_s: float = 0.25,
         dead_after_s: float = 15.0,
         configure_socket: Callable[[zmq.Socket[Any]], None] | None = None,
-        context: zmq.Context[Any] | None = None,
     ) -> None:
         self.binding = binding
         self.address = address
@@ -94,20 +85,11 @@ class WorkerServer:
         self.stats = WorkerStats()
         self.instance = secrets.token_hex(8)
         self._configure = configure_socket
-        self._ctx = context or zmq.Context.instance()
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._calls: dict[tuple[bytes, int], CallState] = {}
         self._drain = Drain(self._calls)
-        self._clients: dict[bytes, _Client] = {}
-        self._given_up: dict[bytes, None] = {}  # callers given up on lately (to log once)
+        self._callers = Callers(self, stage, heartbeat_s, dead_after_s)
         self._sock: AsyncSocket | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._ack_wanted: anyio.Event | None = None
-        # Calls run on reusable lanes (tasks), not a new task each: spawning costs more
-        # than the call itself for small requests. At most max_running lanes exist; the
-        # calls taken and not yet on one wait in priority order (.worker_queue).
-        self._pending = CallQueue()
-        self._idle: list[loop.Waiter] = []  # what each idle lane waits on
-        self._lanes = 0
         # How busy it is (--metrics-port): seconds with a call in flight, and samples of
         # that total over the last BUSY_WINDOW_S, taken with each heartbeat tick.
         self._busy_total = 0.0
@@ -118,6 +100,9 @@ class WorkerServer:
         sig = binding.signature
         self._request = wire.Codec(sig.request)
         self._runner = CallRunner(binding, stage, self.stats, self)
+        # Calls taken and not yet running wait in priority order, for a lane (.worker_queue).
+        self._pending = CallQueue()
+        self._lanes = Lanes(self._pending, self._runner.run, self.max_running)
         self._info = WorkerInfo(
             protocol=wire.PROTOCOL,
             stage=stage,
@@ -169,14 +154,13 @@ class WorkerServer:
         bound = self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._runner.replica = bound
         self._sock = AsyncSocket(sock, self._on_message, unroutable=self._unroutable)
-        self._ack_wanted = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
+                self._lanes.tg = tg
                 tg.start_soon(self._sock.run)
                 tg.start_soon(self._sock.watch, self._stalled)
-                tg.start_soon(self._heartbeats)
-                tg.start_soon(self._acks)
+                tg.start_soon(self._callers.watch)
+                tg.start_soon(self._callers.acknowledge)
                 task_status.started(bound)
         finally:
             # After a drain, replies just queued must still reach their callers.
@@ -187,13 +171,12 @@ class WorkerServer:
 
         def cancel_rest() -> None:
             for state in list(self._calls.values()):
-                state.shutdown = True
-                if state.scope is not None:
-                    state.scope.cancel()
-                elif self._pending.remove(state):
+                if state.cut(Reason.DRAIN):
+                    continue
+                if self._pending.remove(state):
                     self.stats.cancelled += 1
                     why = "the worker shut down before the call started"
-                    self._end_waiting(state, "shutdown", why)
+                    self._end_waiting(state, ErrorKind.SHUTDOWN, why)
 
         return await self._drain.drain(grace, cancel_rest)
 
@@ -216,7 +199,7 @@ class WorkerServer:
         spans: bytes = b"",
     ) -> None:
         assert self._sock is not None
-        peer = self._clients.get(client)
+        peer = self._callers.known.get(client)
         ack = 0
         if peer is not None:
             ack = peer.acked = peer.seen
@@ -244,7 +227,7 @@ class WorkerServer:
         del self._calls[state.key]
         if not self._calls:
             self._busy_total += time.monotonic() - self._busy_since
-        peer = self._clients.get(state.client)
+        peer = self._callers.known.get(state.client)
         if peer is not None:
             peer.inflight -= 1
         self._drain.left()
@@ -277,12 +260,11 @@ class WorkerServer:
         if problem:
             self.stats.dropped += 1
             if header.kind == Kind.CALL and 0 < header.call < 2**63:
-                self._send_error(client, header.call, StageError(self.stage, "bad_frame", problem))
+                self._send_error(
+                    client, header.call, StageError(self.stage, ErrorKind.BAD_FRAME, problem)
+                )
             return
-        peer = self._clients.get(client)
-        if peer is None:
-            peer = self._clients[client] = _Client()
-        peer.last_heard = time.monotonic()
+        peer = self._callers.heard(client)
         kind = header.kind
         if kind == Kind.CALL:
             self._on_call(client, peer, header, rest)
@@ -303,7 +285,7 @@ class WorkerServer:
         else:
             self.stats.dropped += 1
 
-    def _on_hello(self, peer: _Client, client: bytes, rest: Any) -> None:
+    def _on_hello(self, peer: Caller, client: bytes, rest: Any) -> None:
         """Answer a caller's hello with what this worker serves, or why it refuses the
         caller; a refused caller's calls are refused from then on (until a hello of it
         is taken)."""
@@ -324,16 +306,14 @@ class WorkerServer:
         info = msgspec.structs.replace(self._info, error=refused) if refused else self._info
         self._send(client, Kind.HELLO, 0, [wire.encode_info(info)])
 
-    def _on_call(self, client: bytes, peer: _Client, header: Header, rest: Any) -> None:
+    def _on_call(self, client: bytes, peer: Caller, header: Header, rest: Any) -> None:
         call_id = header.call
         if (client, call_id) in self._calls:
             # A duplicate of a call still running (whatever this peer's record says:
             # a caller given up on and heard from again starts a new one).
             self.stats.dropped += 1
             return
-        peer.seen = max(peer.seen, call_id)
-        if self._ack_wanted is not None:
-            self._ack_wanted.set()
+        self._callers.called(peer, call_id)
         self.stats.calls += 1
         refused = self._refusal(peer, header, rest)
         if refused is not None:
@@ -347,74 +327,58 @@ class WorkerServer:
             return
         self._start(client, peer, header, req)
 
-    def _refusal(self, peer: _Client, header: Header, rest: Any) -> tuple[str, str] | None:
+    def _refusal(self, peer: Caller, header: Header, rest: Any) -> tuple[str, str] | None:
         """Why a new call is refused before it starts, as (error kind, message); None
         when it is taken. At the in-flight limit, a waiting call of lower priority may be
         refused in its place (:meth:`_displace`) to make room for it."""
         if peer.refused:
-            return "unavailable", f"the worker refused this caller: {peer.refused}"
+            return ErrorKind.UNAVAILABLE, f"the worker refused this caller: {peer.refused}"
         if header.to != self.instance:
             # Sent to an earlier process at this address: never started, safe to retry.
-            return "unavailable", "the worker restarted; call not started"
+            return ErrorKind.UNAVAILABLE, "the worker restarted; call not started"
         if self.draining:
-            return "unavailable", "the worker is shutting down"
+            return ErrorKind.UNAVAILABLE, "the worker is shutting down"
         if len(self._calls) >= self.max_inflight and not self._displace(header.priority):
             return (
-                "overloaded",
+                ErrorKind.OVERLOADED,
                 f"the worker is at its limit of {self.max_inflight} calls in flight",
             )
         if peer.inflight >= self.max_per_caller:
             limit = self.max_per_caller
-            return "overloaded", f"this caller is at its limit of {limit} calls in flight"
+            return ErrorKind.OVERLOADED, f"this caller is at its limit of {limit} calls in flight"
         if wire.frame_sizes(rest) > self.max_frame_bytes:
             self.stats.too_large += 1
-            return "too_large", "the request is over the frame limit"
+            return ErrorKind.TOO_LARGE, "the request is over the frame limit"
         return None
 
-    def _start(self, client: bytes, peer: _Client, header: Header, req: Any) -> None:
+    def _start(self, client: bytes, peer: Caller, header: Header, req: Any) -> None:
         """Take a decoded call: it waits for a lane, and a lane starts if none is idle."""
-        state = CallState(client, header.call, header.count or DEFAULT_CREDIT)
+        state = CallState(
+            client,
+            header.call,
+            header.count or DEFAULT_CREDIT,
+            req,
+            header.deadline,
+            header.priority,
+        )
         peer.inflight += 1
         if header.trace:
             state.trace = Trace(header.trace, self.stage)
         if not self._calls:
             self._busy_since = time.monotonic()
         self._calls[state.key] = state
-        self._pending.push(state, req, header.deadline, header.priority)
-        if not self._wake_lane() and self._lanes < self.max_running:
-            assert self._tg is not None
-            self._lanes += 1
-            self._tg.start_soon(self._lane)
-
-    def _wake_lane(self) -> bool:
-        """Wake an idle lane; False if there is none."""
-        idle = self._idle
-        while idle:
-            if idle.pop().wake():  # else a lane cancelled while it waited
-                return True
-        return False
-
-    async def _lane(self) -> None:
-        pending = self._pending
-        backend = loop.backend()
-        while True:
-            while pending:
-                await self._runner.run(*pending.pop())
-            waiter = backend.waiter()
-            self._idle.append(waiter)
-            await waiter.wait()
+        self._lanes.take(state)
 
     def _on_cancel(self, client: bytes, header: Header) -> None:
         state = self._calls.get((client, header.call))
         if state is None:
             self.stats.dropped += 1
             return
-        state.cancelled = True
-        if state.scope is not None:
-            state.scope.cancel()
-        elif self._pending.remove(state):  # waiting for a lane: answered now
+        if state.cut(Reason.CALLER_CANCELLED):
+            return
+        if self._pending.remove(state):  # waiting for a lane: answered now
             self.stats.cancelled += 1
-            self._end_waiting(state, "cancelled", "cancelled by the caller")
+            self._end_waiting(state, ErrorKind.CANCELLED, "cancelled by the caller")
 
     def _displace(self, priority: int) -> bool:
         """Every place is held: refuse the waiting call that would start last, if its
@@ -424,7 +388,7 @@ class WorkerServer:
             return False
         self.stats.rejected += 1
         why = "displaced by a call of higher priority while the worker was at its limit"
-        self._end_waiting(state, "overloaded", why)
+        self._end_waiting(state, ErrorKind.OVERLOADED, why)
         return True
 
     def _end_waiting(self, state: CallState, kind: str, why: str) -> None:
@@ -433,66 +397,28 @@ class WorkerServer:
         self.final(state, Kind.ERROR, [wire.encode_error(info)])
         self.ended(state)
 
-    # -- housekeeping -----------------------------------------------------------------
+    # -- its callers (.worker_callers) ---------------------------------------------------
 
-    async def _acks(self) -> None:
-        """Acknowledge received calls that no reply has acknowledged yet (coalesced)."""
-        assert self._ack_wanted is not None
-        while True:
-            await self._ack_wanted.wait()
-            self._ack_wanted = anyio.Event()
-            # Let just-started calls run first: a quick reply carries the ack for free.
-            await anyio.lowlevel.checkpoint()
-            for client, peer in list(self._clients.items()):  # a send may forget a peer
-                if peer.seen > peer.acked:
-                    self._send(client, Kind.ACK, 0)
+    def send_to(self, client: bytes, kind: int) -> None:
+        self._send(client, kind, 0)
 
-    async def _heartbeats(self) -> None:
-        """Cancel the calls of callers that went silent for ``dead_after_s``; forget them.
-
-        The bound is long (15 s by default): a caller whose event loop is blocked sends
-        no heartbeats either, and a long synchronous step must not cost it its calls. A
-        caller that went away without a word is noticed by its full send queue first,
-        when it had calls streaming (:meth:`_unroutable`).
-        """
-        async for stalled in ticks(self.heartbeat_s, self.dead_after_s / 2):
-            now = time.monotonic()
-            self.busy_samples.append((now, self.busy_seconds()))
-            if stalled:  # this worker was not listening: judge its callers from now on
-                for peer in self._clients.values():
-                    peer.last_heard = now
-                continue
-            for client, peer in list(self._clients.items()):
-                if now - peer.last_heard > self.dead_after_s:
-                    why = (
-                        f"the worker heard nothing from the caller for {self.dead_after_s:g}s "
-                        "and presumed it dead"
-                    )
-                    self._give_up(client, why)
+    def sample_busy(self, now: float) -> None:
+        self.busy_samples.append((now, self.busy_seconds()))
 
     def _unroutable(self, client: bytes) -> None:
         """A send to ``client`` failed: it is gone, or it stopped reading and its queue is
         full. Nothing more can reach it: cancel its calls and forget it."""
         self.stats.dropped += 1
-        if client in self._clients:
-            self._give_up(client, "the caller stopped reading its replies")
+        if client in self._callers.known:
+            self.give_up(client, "the caller stopped reading its replies")
 
-    def _give_up(self, client: bytes, why: str) -> None:
+    def give_up(self, client: bytes, why: str) -> None:
         orphans = [s for s in self._calls.values() if s.client == client]
-        if orphans:
-            # Once per caller: what it sent before it went still arrives, and each reply
-            # to it fails again.
-            level = logging.DEBUG if client in self._given_up else logging.WARNING
-            log.log(level, "stage %r: %s: cancelling its %d call(s)", self.stage, why, len(orphans))
-            self._given_up[client] = None
-            if len(self._given_up) > 1024:
-                del self._given_up[next(iter(self._given_up))]
         for state in orphans:
             state.lost = why
-            state.cancelled = True
-            if state.scope is not None:
-                state.scope.cancel()
-            elif self._pending.remove(state):  # nobody to answer
+            if state.cut(Reason.CALLER_LOST):
+                continue
+            if self._pending.remove(state):  # nobody to answer
                 self.stats.cancelled += 1
                 self.ended(state)
-        self._clients.pop(client, None)
+        self._callers.forget(client, why, len(orphans))

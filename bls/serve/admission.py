@@ -24,7 +24,6 @@ the order requests wait in.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import time
@@ -34,6 +33,7 @@ import anyio
 
 from ..config import AdmissionConfig, ConfigError, Limit
 from ..priorities import MAX_PRIORITY, checked
+from ..shedding import Shedding
 from .framing import HttpError, Scope, bad_header
 from .intake import Headers
 from .tenants import tenant_function, tenant_of, valid_tenant
@@ -167,7 +167,7 @@ class Admission:
         self._tenant_limits = dict(config.tenants)
         self._tenants: dict[str, _Bound] = {}
         self._forget_at = _FORGET_AT
-        self._queue: list[tuple[tuple[int, float, int], Ticket]] = []
+        self._queue: Shedding[Ticket] = Shedding()
         self._virtual = 0.0  # the tag of the request last taken from the queue
         self._seq = itertools.count()
         # Nothing but --max-inflight: no tenant, entry or queue to look at.
@@ -213,7 +213,7 @@ class Admission:
         # (Requests wait only for lack of a slot their priority may take: one of a higher
         # priority may find a reserved one free.)
         if self.running < self._slots(priority) and (
-            not self._queue or priority > -self._queue[0][0][0]
+            not self._queue or priority > -self._queue.best_key()[0]
         ):
             self.running += 1
             ticket.granted = True
@@ -231,12 +231,11 @@ class Admission:
         if ticket.granted:
             self.running -= 1
         elif ticket.refused is None and ticket.woken is not None:
-            self._queue.remove((ticket.key, ticket))  # cancelled while it waited
-            heapq.heapify(self._queue)
+            self._queue.remove(ticket)  # cancelled while it waited
         self._release(ticket)
         # The queue's head has the highest priority: if it may not run, none may.
-        while self._queue and self.running < self._slots(-self._queue[0][0][0]):
-            _, nxt = heapq.heappop(self._queue)
+        while self._queue and self.running < self._slots(-self._queue.best_key()[0]):
+            nxt = self._queue.pop()
             self._virtual = max(self._virtual, nxt.key[1])
             self.running += 1
             nxt.granted = True
@@ -254,12 +253,12 @@ class Admission:
         owner.finish = max(self._virtual, owner.finish) + 1 / weight
         ticket.key = (-priority, owner.finish, next(self._seq))
         ticket.woken = anyio.Event()
-        heapq.heappush(self._queue, (ticket.key, ticket))
+        self._queue.push(ticket.key, ticket)
         if len(self._queue) > self.max_queued:
-            worst = max(self._queue)
-            self._queue.remove(worst)
-            heapq.heapify(self._queue)
+            worst = self._queue.worst()
+            assert worst is not None
             shed = worst[1]
+            self._queue.remove(shed)
             shed.refused = self._full(queued=True, priority=-shed.key[0])
             self._release(shed)
             if shed is ticket:

@@ -3,8 +3,9 @@ JSON, a stream as SSE (or NDJSON when asked), and the chat route's completion or
 
 Items go out as the script yields them, from the script's own task: no queue between
 the script and the client, so a slow client pauses the script. Before its last body
-message each marks the request ``finishing``: the disconnect a server reports once the
-response is complete is not the client leaving early. The response's headers
+message each marks the request's reply ``finishing`` (:class:`.framing.Reply`): the
+disconnect a server reports once the response is complete is not the client leaving
+early. The response's headers
 wait for the first item, so an error before it still gets a status of its own; after
 it, the stream ends with the error in the stream's own framing.
 """
@@ -47,18 +48,19 @@ async def answer_entry(
     """``POST /v1/scripts/ENTRY``: the result, or the items then an end."""
     if not entry.streaming:
         result = await runtime.run(entry, req)
-        request.status = 200
-        request.finishing = True
+        reply = request.reply
+        reply.status = 200
+        reply.finishing = True
         await respond(scope, send, 200, _encode(result), request.id.encode())
         return
     if NDJSON in request.headers.accept:
-        request.error_frame = ndjson_error
+        request.reply.error_frame = ndjson_error
         await _stream(runtime, send, entry, req, request, NDJSON, ndjson_item)
-        request.finishing = True
+        request.reply.finishing = True
         await send({"type": "http.response.body", "body": b""})
     else:
         await _stream(runtime, send, entry, req, request, SSE, sse_item)
-        request.finishing = True
+        request.reply.finishing = True
         await send({"type": "http.response.body", "body": SSE_END})
 
 
@@ -99,9 +101,9 @@ async def answer_chat(
         await runtime.feed(entry, req, collect)
     else:
         await collect(await runtime.run(entry, req))
-    request.status = 200
+    request.reply.status = 200
     body = chat.completion(cid, model, "".join(parts), transcript)
-    request.finishing = True
+    request.reply.finishing = True
     await respond(scope, send, 200, body, request.id.encode())
 
 
@@ -120,14 +122,14 @@ async def _chat_stream(
             return chunks.text(text, finish)
         return chunks.finish(finish) if finish is not None else b""
 
-    request.error_frame = data_error
+    request.reply.error_frame = data_error
     await _stream(runtime, send, entry, req, request, SSE, frame, chunks.role())
     last = b"" if transcript.finish_reason else chunks.finish("stop")
     usage = transcript.usage()
     options = getattr(req, "stream_options", None) or {}
     if usage is not None and options.get("include_usage"):
         last += chunks.usage(usage)
-    request.finishing = True
+    request.reply.finishing = True
     await send({"type": "http.response.body", "body": last + chunks.done()})
 
 
@@ -144,17 +146,19 @@ async def _stream(
     """Run ``entry`` and send each item as the script yields it (an item framed as
     ``b""`` is skipped). Headers, then ``opening``, wait for the first item."""
 
+    reply = request.reply
+
     async def begin() -> None:
         await start(send, 200, request.id.encode(), content_type, stream=True)
-        request.streamed = True
-        request.status = 200
+        reply.streamed = True
+        reply.status = 200
         if opening:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
 
     async def sink(item: Any) -> None:
         body = frame(item)
         if body:
-            if not request.streamed:
+            if not reply.streamed:
                 await begin()
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
@@ -162,5 +166,5 @@ async def _stream(
         await runtime.feed(entry, req, sink)
     else:  # a unary chat entry: its answer is the one item
         await sink(await runtime.run(entry, req))
-    if not request.streamed:  # an empty stream: headers, then the end
+    if not reply.streamed:  # an empty stream: headers, then the end
         await begin()

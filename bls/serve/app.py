@@ -3,7 +3,8 @@ request's life from admission to its line in the log (reading its body is
 :mod:`.intake`'s, running its entry and sending the answer :mod:`.answers`', the bytes
 :mod:`.framing`'s).
 
-Routes (:data:`Frontend.routes`; a known path asked with another method is 405)::
+Routes (:data:`Frontend.routes`; a known path asked with another method is 405; the
+``GET`` ones are :mod:`.status`'s)::
 
     POST /v1/scripts/{entry}      run an entry (JSON in; JSON, SSE or NDJSON out)
     POST /v1/chat/completions     OpenAI-compatible, for an entry declared openai="chat"
@@ -15,9 +16,10 @@ Routes (:data:`Frontend.routes`; a known path asked with another method is 405):
     GET  /metrics                 Prometheus text
     GET  /debug/requests[/{id}]   recent requests and their stage timelines
 
-Each accepted request runs its script under one cancel scope. That scope is cancelled
-when the client disconnects, when the request's deadline passes, or when a drain runs out
-of grace, and with it every stage call under the request, remote work included. Errors
+Each accepted request runs its script under one cancel scope. That scope ends it when
+the client disconnects, when the request's deadline passes, when its body is too slow,
+or when a drain runs out of grace, and with it every stage call under the request,
+remote work included; its reason says what the client is told (:func:`.framing.cut_short`). Errors
 reach the client as ``{"error": {"type", "message", "stage", "path", ...}}`` with a status
 that says whose fault it was; a traceback never does (it goes to the log).
 """
@@ -35,33 +37,34 @@ import msgspec
 from ..config import AdmissionConfig
 from ..console import loggable
 from ..entry import Script
-from ..errors import DeadlineExceeded, InvalidRequest
+from ..errors import InvalidRequest
 from ..lifecycle import Drain
 from ..loop import backend
 from ..record_writer import RecordWriter
 from ..recording import Recorder
 from ..runtime import Runtime
+from ..scope import Reason
 from ..tracing import Trace, TraceStore, outcome_of
-from . import chat, openapi, pages
 from .admission import Admission, Ticket
 from .answers import answer_chat, answer_entry
-from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
+from .framing import HttpError, Receive, Scope, Send, cut_short, error_for, send_error
 from .intake import (
     Clocks,
     Disconnected,
     Headers,
     Limits,
+    Phase,
     Request,
-    header,
     invalid,
     read_body,
     request_id,
+    request_id_of,
     request_timeout,
     wait_for_slot,
 )
-from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .metrics import Metrics
 from .routing import Route, Router
+from .status import StatusRoutes
 
 __all__ = ["Frontend"]
 
@@ -97,7 +100,7 @@ class Frontend:
         admission = admission or AdmissionConfig()
         self.admission = Admission(self.limits.max_inflight, admission, entries)
         self.metrics = Metrics(lambda: self.inflight, lambda: self.admission.queued)
-        self.metrics.watch_caches(runtime.bindings)
+        self.metrics.watch_bindings(runtime.bindings)
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0
@@ -109,20 +112,13 @@ class Frontend:
         if self.chat_entry is not None:
             served = self.chat_entry.model or self.chat_entry.name
             self.models = list(dict.fromkeys([served, *model_aliases]))
-        self._openapi: bytes | None = None
         # The requests' timings, on the event loop (bls.loop) of the first request.
         self._clocks: Clocks | None = None
+        status = StatusRoutes(self)
         self.routes = [
             Route("/v1/scripts/", ["POST"], self._script, prefix=True),
             Route("/v1/chat/completions", ["POST"], self._chat),
-            Route("/v1/models", ["GET"], self._models),
-            Route("/v1/scripts", ["GET"], self._list),
-            Route("/openapi.json", ["GET"], self._openapi_json),
-            Route("/health", ["GET"], self._health),
-            Route("/ready", ["GET"], self._ready),
-            Route("/metrics", ["GET"], self._metrics),
-            Route("/debug/requests", ["GET"], self._debug_list),
-            Route("/debug/requests/", ["GET"], self._debug_page, prefix=True),
+            *status.routes,
         ]
         self._router = Router(self.routes)
         self._answer_entry: Run = partial(answer_entry, runtime)
@@ -141,52 +137,6 @@ class Frontend:
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
-    # -- small routes -----------------------------------------------------------------
-
-    async def _health(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(scope, send, 200, b'{"status":"ok"}', _rid(scope))
-
-    async def _ready(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        rid = _rid(scope)
-        if self.draining:
-            error = HttpError(503, "draining", "the server is shutting down")
-            await send_error(scope, send, error, rid)
-            return
-        down = [name for name, b in self.runtime.bindings.items() if not b.ready()]
-        if down:
-            error = HttpError(
-                503,
-                "stage_unavailable",
-                f"stage(s) not reachable: {', '.join(down)}",
-                stage=down[0],
-            )
-            await send_error(scope, send, error, rid)
-            return
-        await respond(scope, send, 200, _encode({"status": "ready"}), rid)
-
-    async def _metrics(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        body = self.metrics.render()
-        await respond(scope, send, 200, body, _rid(scope), METRICS_TYPE.encode())
-
-    async def _list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        listing = []
-        for entry in self.entries.values():
-            request, response = openapi.entry_schemas(entry)
-            listing.append(
-                {
-                    "name": entry.name,
-                    "path": f"/v1/scripts/{entry.name}",
-                    "streaming": entry.streaming,
-                    "openai": entry.openai,
-                    "request": request,
-                    "response": response,
-                }
-            )
-        await respond(scope, send, 200, _encode({"scripts": listing}), _rid(scope))
-
-    async def _models(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        await respond(scope, send, 200, chat.models(self.chat_models()), _rid(scope))
-
     def chat_models(self) -> list[str]:
         """The names the chat route answers to: the entry's model, ``--model-alias``, and
         the models its stages' engines serve (their directories, as ``vllm serve`` does;
@@ -195,33 +145,6 @@ class Frontend:
             return []
         served = (n for b in self.runtime.bindings.values() for n in b.models())
         return list(dict.fromkeys([*self.models, *served]))
-
-    async def _openapi_json(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        if self._openapi is None:
-            self._openapi = _encode(openapi.document(self.entries, self.title))
-        await respond(scope, send, 200, self._openapi, _rid(scope))
-
-    async def _debug_list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        rid = _rid(scope)
-        if b"application/json" in (header(scope, b"accept") or b""):
-            body = _encode([pages.summary(t) for t in self.traces.recent()])
-            await respond(scope, send, 200, body, rid)
-            return
-        page = pages.index_page(self.traces.recent(), self.title)
-        await respond(scope, send, 200, page.encode(), rid, b"text/html; charset=utf-8")
-
-    async def _debug_page(self, scope: Scope, receive: Receive, send: Send, trace_id: str) -> None:
-        rid = _rid(scope)
-        trace = self.traces.get(trace_id)
-        if trace is None:
-            error = HttpError(404, "not_found", f"no recent request with id {trace_id!r}")
-            await send_error(scope, send, error, rid)
-            return
-        if b"application/json" in (header(scope, b"accept") or b""):
-            await respond(scope, send, 200, _encode(pages.summary(trace, spans=True)), rid)
-            return
-        body = pages.trace_page(trace).encode()
-        await respond(scope, send, 200, body, rid, b"text/html; charset=utf-8")
 
     # -- the routes that run entries -------------------------------------------------
 
@@ -322,22 +245,20 @@ class Frontend:
         clocks = self._clocks
         if clocks is None:  # the first request: the loop it runs on serves them all
             clocks = self._clocks = Clocks(backend(), self.limits)
-        clocked = timeout is not None and timeout == clocks.deadline
         root = trace.open(entry.name, 0, "script", entry.streaming)
         recorder = Recorder(self.records.script) if self.records is not None else None
         request = Request(
-            rid,
-            entry.name,
-            trace,
-            root,
-            clocks.loop,
-            headers,
-            started,
-            receive,
-            recorder,
-            timeout,
-            priority,
-            clocked,
+            request_id=rid,
+            entry=entry.name,
+            trace=trace,
+            root=root,
+            backend=clocks.backend,
+            headers=headers,
+            started=started,
+            receive=receive,
+            record=recorder,
+            timeout=timeout,
+            priority=priority,
         )
         clocks.start(request)
         self.inflight += 1
@@ -377,33 +298,29 @@ class Frontend:
                 ran = True
         finally:
             clocks.done(request)
-        if request.disconnected:
+        if request.gone:
             raise Disconnected
         if not ran:
             raise self._cut_short(request, clocks.body_timeout)
 
     def _cut_short(self, request: Request, body_timeout: float | None) -> Exception:
-        """Why the request's scope ended it: a drain, a body too slow (bounded by the
-        server's ``body_timeout``, or by its deadline when that comes first), its deadline."""
-        timeout = request.timeout
-        body_bound = body_timeout if request.timed else timeout
-        if request.shutdown:
+        """What answers a request its scope ended (:func:`.framing.cut_short`): a drain, a
+        body too slow (bounded by the server's ``body_timeout``, or by its deadline when
+        that comes first), its deadline."""
+        reason = request.scope.reason
+        if reason is Reason.DRAIN:
             self.metrics.cancelled("shutdown")
-            return HttpError(503, "draining", "the server shut down before the request ended")
-        if request.reading:
-            return HttpError(
-                408,
-                "body_timeout",
-                f"the request body did not arrive within {body_bound:g}s",
-                headers=[(b"connection", b"close")],
-            )
-        return DeadlineExceeded(f"request to {request.entry!r} exceeded its {timeout:g}s deadline")
+        timeout = request.timeout
+        body_bound = body_timeout if request.body_bounded else timeout
+        reading = request.phase is Phase.READING
+        answer = cut_short(reason, reading, request.entry, timeout, body_bound)
+        assert answer is not None  # (a client gone is raised as Disconnected before)
+        return answer
 
     def _dropped(self, request: Request) -> None:
         """The client went away: nobody to answer. 499 (client closed request) is for the
         log, the metrics and the timeline, also for a stream whose 200 headers went out."""
-        request.disconnected = True
-        request.status = 499
+        request.reply.status = 499
         request.trace.close(request.root, "cancelled", "disconnect")
         self.metrics.cancelled("disconnect")
 
@@ -418,25 +335,26 @@ class Frontend:
             self.metrics.cancelled("deadline")
         if not request.root.end:
             request.trace.close(request.root, *outcome_of(exc))
-        if request.disconnected:
+        if request.gone:
             return
+        reply = request.reply
         try:
-            if request.streamed:
+            if reply.streamed:
                 # Headers went out already: end the stream with the error instead.
-                await send({"type": "http.response.body", "body": request.error_frame(error)})
-                request.status = request.status or error.status
+                await send({"type": "http.response.body", "body": reply.error_frame(error)})
+                reply.status = reply.status or error.status
             else:
-                request.status = error.status
+                reply.status = error.status
                 await send_error(scope, send, error, request.id.encode())
         except OSError:
-            request.disconnected = True
+            pass  # the client has gone
 
     def _record(self, scope: Scope, request: Request) -> None:
         """The request is over: its trace kept (and exported), metrics, the access log."""
         self._requests.discard(request)
         self.inflight -= 1
         trace = request.trace
-        trace.status = request.status
+        trace.status = request.reply.status
         self.traces.add(trace)
         if self.export is not None:
             try:
@@ -446,7 +364,7 @@ class Frontend:
         recorder = request.scope.ctx.record
         if recorder is not None and self.records is not None:
             self.records.write(request.id, recorder.finish())
-        self._counted(scope, request.id, request.entry, request.status, request.started)
+        self._counted(scope, request.id, request.entry, request.reply.status, request.started)
         self._drain.left()
 
     # -- drain ------------------------------------------------------------------------
@@ -457,8 +375,7 @@ class Frontend:
 
         def cancel_rest() -> None:
             for request in list(self._requests):
-                request.shutdown = True
-                request.scope.cancel()
+                request.scope.cancel(Reason.DRAIN)
 
         return await self._drain.drain(grace, cancel_rest)
 
@@ -467,13 +384,9 @@ class Frontend:
         return self._drain.draining
 
 
-def _rid(scope: Scope) -> bytes:
-    return request_id(header(scope, b"x-request-id"))
-
-
 async def _refuse(scope: Scope, send: Send, error: HttpError) -> None:
     """Answer a request no route takes (404, 405), with its line in the access log."""
-    rid = _rid(scope)
+    rid = request_id_of(scope)
     await send_error(scope, send, error, rid)
     path = loggable(scope["path"])
     access.info("%s %s %s %d", rid.decode(), scope["method"], path, error.status)

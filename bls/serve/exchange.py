@@ -42,7 +42,7 @@ class Link(Protocol):
         """Wait until ``exchange`` has more of its body, or its client has left, or its
         answer is complete (any of them may already be so)."""
 
-    def drained(self, exchange: Exchange) -> None:
+    def body_taken(self, exchange: Exchange) -> None:
         """``exchange``'s body taken so far was read (reading may go on)."""
 
     def answered(self, exchange: Exchange) -> None:
@@ -142,7 +142,7 @@ class Exchange:
         self.body.clear()
         more = self.more_body
         if more:
-            self.link.drained(self)
+            self.link.body_taken(self)
         else:
             self.read = True
         return {"type": "http.request", "body": body, "more_body": more}

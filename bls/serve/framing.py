@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from ..errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
+from ..errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError, StageNotBound
+from ..scope import Reason
 
 __all__ = [
     "BODY",
@@ -18,7 +19,9 @@ __all__ = [
     "WHOLE",
     "ChatChunks",
     "HttpError",
+    "Reply",
     "bad_header",
+    "cut_short",
     "error_for",
     "respond",
     "send_error",
@@ -124,11 +127,11 @@ def _error_for(exc: BaseException, entry: str) -> HttpError:
         return exc
     if isinstance(exc, DeadlineExceeded):
         return HttpError(504, "deadline_exceeded", str(exc))
-    if isinstance(exc, StageError) and exc.kind == "deadline":
+    if isinstance(exc, StageError) and exc.kind == ErrorKind.DEADLINE:
         return HttpError(504, "deadline_exceeded", str(exc), stage=exc.stage)
     if isinstance(exc, StageError):
         path = exc.path if isinstance(exc, InvalidRequest) else None
-        if exc.kind in ("unavailable", "overloaded", "shutdown"):
+        if exc.kind in (ErrorKind.UNAVAILABLE, ErrorKind.OVERLOADED, ErrorKind.SHUTDOWN):
             return HttpError(
                 503, "stage_unavailable", exc.message, stage=exc.stage, path=path, kind=exc.kind
             )
@@ -147,6 +150,48 @@ SSE_END = b"event: end\ndata: {}\n\n"  # after a script's last item
 
 def ndjson_item(item: Any) -> bytes:
     return _encode(item) + b"\n"
+
+
+def cut_short(
+    reason: Reason | None,
+    reading: bool,
+    entry: str,
+    timeout: float | None,
+    body_bound: float | None,
+) -> Exception | None:
+    """What a request is answered when its scope ended it (:class:`bls.scope.Reason`),
+    the one table from a reason to an answer (:func:`error_for` gives the status of a
+    :class:`bls.DeadlineExceeded`: 504); None when nobody is left to answer (its client
+    went away). ``reading``: its body was still arriving (a deadline that passed
+    meanwhile is the body's too slow, bounded by ``body_bound``)."""
+    if reason is Reason.CLIENT_GONE:
+        return None
+    if reason is Reason.DRAIN:
+        return HttpError(503, "draining", "the server shut down before the request ended")
+    if reason is Reason.BODY_TOO_SLOW or (reason is Reason.DEADLINE and reading):
+        return HttpError(
+            408,
+            "body_timeout",
+            f"the request body did not arrive within {body_bound:g}s",
+            headers=[(b"connection", b"close")],
+        )
+    within = f" {timeout:g}s" if timeout is not None else ""
+    return DeadlineExceeded(f"request to {entry!r} exceeded its{within} deadline")
+
+
+class Reply:
+    """A request's answer so far: its status (0: none yet), whether a stream's head has
+    gone out (an error is then framed as the stream frames it: ``error_frame``), and
+    whether its last message is on its way (a disconnect the server reports after it is
+    not the client leaving early)."""
+
+    __slots__ = ("error_frame", "finishing", "status", "streamed")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.streamed = False
+        self.finishing = False
+        self.error_frame: Callable[[HttpError], bytes] = sse_error  # (SSE by default)
 
 
 def sse_error(error: HttpError) -> bytes:

@@ -1,14 +1,16 @@
-"""Request intake: the limits, what a request's handling shares (its scope, which a
-disconnect and the end of a drain cancel), its id, and reading and bounding its body and
-deadline header."""
+"""Request intake: the limits; what a request's handling shares (:class:`Request`: its
+id, its deadline header, its scope, which its deadline, a body too slow, its client
+leaving and the end of a drain end, each with its reason); the timings of its handling
+(:class:`Clocks`); and its body, taken whole where the server offers it
+(:data:`.framing.BODY`) or read message by message, bounded in bytes."""
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -18,9 +20,9 @@ import msgspec
 
 from ..errors import InvalidRequest
 from ..loop import Backend, Delays
-from ..scope import RequestScope
+from ..scope import Reason, RequestScope
 from ..tracing import Span, Trace
-from .framing import BODY, HttpError, Message, Receive, Scope, bad_header, sse_error
+from .framing import BODY, HttpError, Message, Receive, Reply, Scope, bad_header
 
 __all__ = [
     "EARLY_BODY_BYTES",
@@ -28,9 +30,11 @@ __all__ = [
     "EarlyBody",
     "Headers",
     "Limits",
+    "Phase",
     "Request",
     "read_body",
     "request_id",
+    "request_id_of",
     "request_timeout",
     "wait_for_slot",
 ]
@@ -38,8 +42,8 @@ __all__ = [
 log = logging.getLogger("bls.http")
 
 # How long a request runs before the clocks beyond its first moments see it (its
-# disconnect watcher, its deadline, its body's bound): most requests end sooner.
-_YOUNG = 0.002
+# disconnect watcher, its body's bound): most requests end sooner.
+_START_S = 0.002
 
 # Request ids: random per process, then a counter (os.urandom per request costs more).
 _ID_PREFIX = os.urandom(4).hex().encode()
@@ -63,85 +67,83 @@ def invalid(exc: InvalidRequest) -> HttpError:
     return HttpError(422, "invalid_request", exc.message, path=exc.path)
 
 
+class Phase(enum.Enum):
+    """Where a request's handling is: waiting for a slot, reading its body, running."""
+
+    QUEUED = "queued"
+    READING = "reading"
+    RUNNING = "running"
+
+
 class Request:
-    """One accepted request, from admission to its line in the log: its id, scope,
-    trace, and what its handling and its disconnect watcher learn of it."""
+    """One accepted request, from admission to its line in the log: what it is (its id,
+    entry, head, deadline, trace), its :class:`bls.scope.RequestScope` (whose
+    :attr:`~bls.scope.RequestScope.reason` says why it was cut short, if it was), where
+    its handling is (:class:`Phase`), its clocks' state (:class:`Clocks`), and its
+    answer so far (:class:`.framing.Reply`)."""
 
     __slots__ = (
-        "clocked",
-        "disconnected",
+        "body_bounded",
         "entry",
-        "error_frame",
-        "finishing",
-        "grown",
         "headers",
         "id",
-        "queued",
-        "reading",
+        "outlived_start",
+        "phase",
         "receive",
+        "reply",
         "root",
         "scope",
-        "shutdown",
         "started",
-        "status",
         "stop_watching",
-        "streamed",
-        "timed",
         "timeout",
         "trace",
     )
 
     def __init__(
         self,
+        *,
         request_id: str,
         entry: str,
         trace: Trace,
         root: Span,
-        loop: Backend,
+        backend: Backend,
         headers: Headers,
         started: float,
         receive: Receive,
         record: Any = None,
         timeout: float | None = None,
         priority: int = 0,
-        clocked: bool = False,
     ) -> None:
         self.id = request_id
-        self.receive = receive  # the server's: the body, then a disconnect
-        self.timeout = timeout  # seconds from its start to its deadline (None: none)
-        self.headers = headers
         self.entry = entry
+        self.headers = headers
+        self.receive = receive  # the server's: the body, then a disconnect
         self.started = started  # time.perf_counter() when it arrived
+        self.timeout = timeout  # seconds from its start to its deadline (None: none)
         self.trace = trace
         self.root = root  # the request's own span
-        # The request's deadline, disconnect and drain. A ``clocked`` deadline is kept by
-        # :attr:`Clocks.deadlines` (which cancels the scope): the scope only carries it.
-        carried = time.time() + timeout if clocked and timeout is not None else math.inf
+        # Its deadline, and its client leaving and the server's drain cancelling it.
         self.scope = RequestScope(
             request_id,
             trace=trace,
             span=root,
-            loop=loop,
+            backend=backend,
             record=record,
-            carried=carried,
-            timeout=None if clocked else timeout,
+            timeout=timeout,
             priority=priority,
         )
-        self.reading = True  # its body has not all arrived yet
-        self.queued = False  # it waits for a slot
-        # Its clocks (:class:`Clocks`): whether it has run past its first moments, whether
-        # its deadline and its body's bound are on the shared clocks.
-        self.grown = False
-        self.clocked = clocked
-        self.timed = False
-        self.disconnected = False
-        self.shutdown = False
-        self.finishing = False  # the last body message is being sent
-        self.status = 0
-        self.streamed = False
-        # How an error is framed once a stream has started (SSE by default).
-        self.error_frame: Callable[[HttpError], bytes] = sse_error
+        self.phase = Phase.READING
+        # Its clocks (:class:`Clocks`): whether it has run past its first moments, and
+        # whether its body's bound is its own (not its deadline, which comes first).
+        self.outlived_start = False
+        self.body_bounded = False
         self.stop_watching: Callable[[], object] | None = None  # its disconnect watcher's
+        self.reply = Reply()
+
+    @property
+    def gone(self) -> bool:
+        """Its client went away before its answer was complete."""
+        return self.scope.reason is Reason.CLIENT_GONE
 
 
 class Disconnected(Exception):
@@ -158,105 +160,98 @@ async def _watch(request: Request) -> None:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                if not request.finishing:
-                    request.disconnected = True
-                    request.scope.cancel()
+                if not request.reply.finishing:
+                    request.scope.cancel(Reason.CLIENT_GONE)
                 return
     except Exception:  # the server gave up on the connection: nothing left to watch
         log.debug("request %s: disconnect watch ended", request.id, exc_info=True)
 
 
 class Clocks:
-    """The timings every request's handling needs, on the loop its requests run on, each
-    one fixed delay for all requests (:meth:`bls.loop.Backend.delays`): no timer and no
-    task per request.
+    """The timings every request's handling needs beyond its deadline (the scope's own,
+    on the loop's :class:`bls.loop.Deadline`, the server's default one shared), on the
+    loop its requests run on, each one fixed delay for all requests
+    (:meth:`bls.loop.Backend.delays`): no timer and no task per request.
 
-    A request spends its first ``_YOUNG`` s in ``young`` only; most end by then. One
-    still running has grown (:meth:`_grown`) and meets the rest:
+    A request spends its first ``_START_S`` s in ``starting`` only; most end by then. One
+    still running has outlived its start (:meth:`_outlived_start`) and meets the rest:
 
-    - ``deadlines``: the server's own deadline (``request_timeout``, which most requests
-      have; a shorter one sent in ``X-Request-Timeout`` is the request scope's own); past
-      it the scope is cancelled.
     - ``bodies``: the body must arrive within ``body_timeout`` s of the request's start
-      (of its slot, when it queued); past it the scope is cancelled, and answered 408
-      since it is still reading.
+      (of its slot, when it queued); past it the scope is cancelled
+      (:attr:`bls.scope.Reason.BODY_TOO_SLOW`).
     - once its body is in, a task watching for its client's disconnect (:func:`_watch`).
 
-    The two bounds count from the request's start (a slot's): their delays are short by
-    ``_YOUNG``, so they are met within a few milliseconds, never early.
+    The body's bound counts from the request's start (a slot's): its delay is short by
+    ``_START_S``, so it is met within a few milliseconds, never early.
     """
 
-    __slots__ = ("bodies", "body_timeout", "deadline", "deadlines", "loop", "young")
+    __slots__ = ("backend", "bodies", "body_timeout", "starting")
 
-    def __init__(self, loop: Backend, limits: Limits) -> None:
-        self.loop = loop
+    def __init__(self, backend: Backend, limits: Limits) -> None:
+        self.backend = backend
         self.body_timeout = limits.body_timeout  # None: no bound of its own
-        self.deadline = limits.request_timeout  # the server's deadline; None: none
-        self.young: Delays[Request] = loop.delays(_YOUNG, self._grown)
-        self.bodies: Delays[Request] = loop.delays(_after_young(self.body_timeout), _cancel)
-        self.deadlines: Delays[Request] = loop.delays(_after_young(self.deadline), _cancel)
+        if limits.request_timeout is not None:
+            backend.share(limits.request_timeout)  # (most requests have the server's deadline)
+        self.starting: Delays[Request] = backend.delays(_START_S, self._outlived_start)
+        bound = _after_start(self.body_timeout)
+        self.bodies: Delays[Request] = backend.delays(bound, _too_slow)
 
     def start(self, request: Request) -> None:
         """The request has started (been admitted). Its body is bounded by its deadline
         alone when that comes first."""
         bound, timeout = self.body_timeout, request.timeout
-        request.timed = bound is not None and (timeout is None or timeout >= bound)
-        self.young.add(request)
+        request.body_bounded = bound is not None and (timeout is None or timeout >= bound)
+        self.starting.add(request)
 
     def queue(self, request: Request) -> None:
         """It waits for a slot (a deadline passing meanwhile is a 504, not a 408)."""
-        request.queued = True
-        request.reading = False
+        request.phase = Phase.QUEUED
 
     def granted(self, request: Request) -> None:
         """It has its slot: its body is read from now."""
-        request.queued = False
-        request.reading = True
-        if request.grown:
-            self.young.add(request)  # (the body's bound counts from now)
+        request.phase = Phase.READING
+        if request.outlived_start:
+            self.starting.add(request)  # (the body's bound counts from now)
 
     def read(self, request: Request) -> None:
         """Its body is in: no bound any more; its disconnect is watched from now on (or
         once it grows)."""
-        request.reading = False
-        if request.grown:
+        request.phase = Phase.RUNNING
+        if request.outlived_start:
             self.bodies.discard(request)
             if request.stop_watching is None:
                 _start_watching(request)
 
     def done(self, request: Request) -> None:
         """Its handling is over: stop its watcher, forget it."""
-        self.young.discard(request)
-        if request.grown:
+        self.starting.discard(request)
+        if request.outlived_start:
             self.bodies.discard(request)
-            self.deadlines.discard(request)
             if request.stop_watching is not None:
                 request.stop_watching()
 
-    def _grown(self, request: Request) -> None:
-        if not request.grown:
-            request.grown = True
-            if request.clocked:
-                self.deadlines.add(request)
-        if request.queued:
+    def _outlived_start(self, request: Request) -> None:
+        request.outlived_start = True
+        phase = request.phase
+        if phase is Phase.QUEUED:
             return  # (its body's bound starts with its slot)
-        if request.reading:
-            if request.timed:
+        if phase is Phase.READING:
+            if request.body_bounded:
                 self.bodies.add(request)
         elif request.stop_watching is None:
             _start_watching(request)
 
 
-def _after_young(seconds: float | None) -> float:
-    return max((seconds or 0.0) - _YOUNG, 0.0)
+def _after_start(seconds: float | None) -> float:
+    return max((seconds or 0.0) - _START_S, 0.0)
 
 
-def _cancel(request: Request) -> None:
-    request.scope.cancel()  # (the handling tells a body too slow from a deadline)
+def _too_slow(request: Request) -> None:
+    request.scope.cancel(Reason.BODY_TOO_SLOW)
 
 
 def _start_watching(request: Request) -> None:
-    request.stop_watching = request.scope.loop.spawn(partial(_watch, request))
+    request.stop_watching = request.scope.backend.spawn(partial(_watch, request))
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -314,8 +309,7 @@ async def _watch_waiting(scope: Scope, request: Request, early: EarlyBody) -> No
     else:
         message = await request.receive()  # all read: what comes next is its leaving
     if message["type"] == "http.disconnect":
-        request.disconnected = True
-        request.scope.cancel()
+        request.scope.cancel(Reason.CLIENT_GONE)
 
 
 async def read_body(
@@ -323,7 +317,8 @@ async def read_body(
 ) -> bytes:
     """The whole body (after what ``early`` read of it): 413 past ``limit`` bytes (before
     reading when Content-Length says so), :class:`Disconnected` when the client leaves
-    first. How long it may take is the request scope's business."""
+    first. How long it may take is bounded by the request's scope (its deadline, and
+    :class:`Clocks`' body bound, which cancel it)."""
     length = request.headers.content_length
     if length is not None and length.isdigit() and int(length) > limit:
         raise HttpError(
@@ -417,6 +412,11 @@ def request_timeout(headers: Headers, bound: float | None) -> float | None:
     if not seconds > 0 or math.isinf(seconds):
         raise bad_header("X-Request-Timeout", "a positive number of seconds", raw)
     return seconds if bound is None else min(seconds, bound)
+
+
+def request_id_of(scope: Scope) -> bytes:
+    """The id a request's answer carries: its ``X-Request-Id``, or a new one."""
+    return request_id(header(scope, b"x-request-id"))
 
 
 def request_id(given: bytes | None) -> bytes:

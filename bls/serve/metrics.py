@@ -107,8 +107,8 @@ class Metrics:
                 span.end - span.start
             )
 
-    def watch_caches(self, bindings: Mapping[str, Binding]) -> None:
-        """Also export the hits, misses, evictions and size of the stages' result caches."""
+    def watch_bindings(self, bindings: Mapping[str, Binding]) -> None:
+        """Also export what each stage counts (its policy, its cache: Binding.counts())."""
         self._bindings = bindings
 
     def render(self) -> bytes:
@@ -205,18 +205,9 @@ def _histograms(
     return family
 
 
-def _unwrapped(binding: Any, kind: type) -> Any:
-    """``binding``, or the binding of that kind it is in front of (a recorder's)."""
-    while not isinstance(binding, kind) and hasattr(binding, "inner"):
-        binding = binding.inner
-    return binding if isinstance(binding, kind) else None
-
-
-def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
-    from ..cache import CachedBinding
-
-    found = {n: _unwrapped(b, CachedBinding) for n, b in bindings.items()}
-    cached = {n: b.stats for n, b in found.items() if b is not None}
+def _caches(bindings: Mapping[str, Binding]) -> Iterator[Any]:
+    """What each stage's result cache did and holds (bls/cache.py)."""
+    cached = {n: c for n, b in bindings.items() if (c := b.counts().cache) is not None}
     if not cached:
         return
     for field, kind, doc in (
@@ -233,12 +224,12 @@ def _caches(bindings: Mapping[str, Any]) -> Iterator[Any]:
 
 
 def _traffic(bindings: Mapping[str, Binding]) -> Iterator[Any]:
-    """What each stage's traffic policy did (bls/traffic.py), by version ("" for a stage
+    """What each stage's traffic policy did (bls/policy.py), by version ("" for a stage
     without versions: Prometheus reads an empty label as none)."""
     counts = {
         (name, version): traffic
         for name, binding in bindings.items()
-        for version, traffic in binding.counts().items()
+        for version, traffic in binding.counts().traffic.items()
     }
     if not counts:
         return

@@ -139,7 +139,7 @@ class Peer:
             self.resume_reading()
         return self.current
 
-    def drained(self, exchange: Exchange) -> None:
+    def body_taken(self, exchange: Exchange) -> None:
         self.resume_reading()
 
     @property

@@ -172,6 +172,26 @@ def _unrecorded(records: RecordWriter) -> str:
     return f" ({'; '.join(said)})" if said else ""
 
 
+def _server_for(server: str) -> tuple[str, str, Any]:
+    """The running backend, the server's name (``auto`` decided) and what runs it."""
+    import sniffio
+
+    backend = sniffio.current_async_library()
+    if server == "auto":
+        server = "uvicorn" if backend == "asyncio" else "bls"
+    if server == "uvicorn" and backend != "asyncio":
+        raise ValueError("uvicorn runs on asyncio only: use --server hypercorn with trio")
+    return backend, server, {"uvicorn": _uvicorn, "bls": _trio, "hypercorn": _hypercorn}[server]
+
+
+def _settle_memory() -> None:
+    """What start-up loaded (modules, models) lives as long as the process: keep it out of
+    the collector's full passes, which requests trigger; and collect the young generation
+    less often (each request allocates ~100 tracked objects, almost none in cycles)."""
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
 async def serve(
     app: ScriptFile,
     host: str,
@@ -186,14 +206,7 @@ async def serve(
     """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0).
     ``on_ready(url, unreachable)`` is told the URL and the stages not reachable yet;
     ``record_to``: a folder each request's record is written to (its bindings record)."""
-    import sniffio
-
-    backend = sniffio.current_async_library()
-    if server == "auto":
-        server = "uvicorn" if backend == "asyncio" else "bls"
-    if server == "uvicorn" and backend != "asyncio":
-        raise ValueError("uvicorn runs on asyncio only: use --server hypercorn with trio")
-    run_server: Any = {"uvicorn": _uvicorn, "bls": _trio, "hypercorn": _hypercorn}[server]
+    backend, server, run_server = _server_for(server)
     from .otel import from_environment
 
     export = from_environment()
@@ -217,20 +230,9 @@ async def serve(
             stop = anyio.Event()
 
             def ready(_: object) -> None:
-                # What start-up loaded (modules, models) lives as long as the process: keep it
-                # out of the collector's full passes, which requests trigger; and collect the
-                # young generation less often (each request allocates ~100 tracked objects,
-                # almost none of them in cycles).
-                gc.freeze()
-                gc.set_threshold(20_000, 20, 20)
-                log.info(
-                    "serving %s (%s) on %s with %s/%s",
-                    app.path,
-                    ", ".join(app.entries),
-                    _url(sock),
-                    server,
-                    backend,
-                )
+                _settle_memory()
+                where = f"{_url(sock)} with {server}/{backend}"
+                log.info("serving %s (%s) on %s", app.path, ", ".join(app.entries), where)
                 on_ready(_url(sock), runtime.unreachable())
 
             async def stopped(_: anyio.abc.TaskGroup) -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import bls
-from bls.bindings import binding_for
+from bls.targets import binding_for
 
 from .cli import ROOT, bls_env
 from .procs import Proc, start, stop, wait_for

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 import bls
-from bls.bindings import binding_for
-from bls.traffic import policy_from
+from bls.policy import policy_from
+from bls.targets import binding_for
 
 from .cli import ROOT, bls_env, run_bls
 from .procs import Proc, serving, start, stop, wait_for
@@ -75,7 +75,7 @@ async def _run(addresses: list[str], policy: dict[str, Any], jobs: range) -> tup
                 out.append(await rt.run(one, Job(n=n), timeout=10))
             except bls.StageError as exc:
                 out.append(exc)
-    return out, binding.traffic
+    return out, binding.state.counts
 
 
 NO_EJECT = {"eject": {"failures": 0, "slower": 0}}
@@ -117,7 +117,7 @@ async def test_no_hedge_when_the_copy_could_not_answer_in_time(replicas: dict[st
                 await rt.run(one, Job(n=n), timeout=0.04)
             except bls.DeadlineExceeded:
                 late += 1
-    assert late >= 2 and binding.traffic.hedges == 0
+    assert late >= 2 and binding.state.counts.hedges == 0
 
 
 @pytest.mark.anyio

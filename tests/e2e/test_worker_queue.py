@@ -15,8 +15,8 @@ import anyio.abc
 import pytest
 
 import bls
-from bls.bindings import binding_for
 from bls.errors import StageError
+from bls.targets import binding_for
 
 from .cli import ROOT, bls_env, run_bls
 from .pipelines.ordered import Job, Started

@@ -24,6 +24,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from .counts import Traffic
+from .errors import ErrorKind
 from .messages import unknown_field_hint
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "Latencies",
     "Policy",
     "PolicyError",
+    "PolicyState",
     "Retry",
     "RetryBudget",
     "Traffic",
@@ -41,13 +44,13 @@ __all__ = [
 # Failures the request itself caused: the same request fails the same way again, so no
 # retry follows them, and they say nothing of the replica's health.
 REQUEST_FAULTS = (
-    "invalid_request",
-    "too_large",
-    "invalid_response",
-    "wrong_mode",
-    "deadline",
-    "cancelled",
-    "bad_frame",
+    ErrorKind.INVALID_REQUEST,
+    ErrorKind.TOO_LARGE,
+    ErrorKind.INVALID_RESPONSE,
+    ErrorKind.WRONG_MODE,
+    ErrorKind.DEADLINE,
+    ErrorKind.CANCELLED,
+    ErrorKind.BAD_FRAME,
 )
 
 _Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -84,7 +87,9 @@ class Retry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     of the stage's calls (with a floor of a few a second)."""
 
     attempts: Annotated[int, msgspec.Meta(ge=1, le=10)] = 3
-    on: list[str] = msgspec.field(default_factory=lambda: ["unavailable", "overloaded", "shutdown"])
+    on: list[str] = msgspec.field(
+        default_factory=lambda: [ErrorKind.UNAVAILABLE, ErrorKind.OVERLOADED, ErrorKind.SHUTDOWN]
+    )
     backoff_ms: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     budget: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.1
 
@@ -225,13 +230,15 @@ class RetryBudget:
         return False
 
 
-class Traffic(msgspec.Struct):
-    """What a stage's policy did, for ``/metrics``."""
+class PolicyState:
+    """What a stage's policy keeps between calls, in one place: its recent latencies (for
+    ``hedge.after``), its retry budget (with a retry policy), and what it did (``counts``,
+    which ``/metrics`` shows)."""
 
-    # Extra copies sent = those that won + those cancelled + those that failed.
-    hedges: int = 0  # extra copies sent
-    hedges_won: int = 0  # calls a copy answered first
-    hedges_cancelled: int = 0  # copies cancelled when the original (or another copy) answered
-    retries: int = 0
-    retries_denied: int = 0  # not made: the budget was spent
-    ejections: int = 0
+    __slots__ = ("counts", "latencies", "retry_budget")
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        self.latencies = Latencies()
+        self.counts = Traffic()
+        retry = policy.retry if policy is not None else None
+        self.retry_budget = RetryBudget(retry.budget) if retry is not None else None

@@ -2,7 +2,7 @@
 fails every call (real `bls worker` replicas), and admission under `bls serve` (a high
 priority class, and a quiet tenant, beside a flood at 10x capacity).
 
-    python bench/policy.py [--part hedging|ejection|priority|tenants] [--calls 200]
+    python bench/traffic.py [--part hedging|ejection|priority|tenants] [--calls 200]
                            [--rounds 3] [--seconds 5] [--flood-nice N]
 
 Hedging: three replicas of a stage, one answering in 200 ms and two in 2 ms; calls one at
@@ -43,7 +43,7 @@ from _procs import BLS, cpu_seconds, spawn, spread
 from policy_stages import Done, Job
 
 import bls
-from bls.traffic import policy_from
+from bls.policy import policy_from
 
 STAGES = str(Path(__file__).resolve().parent / "policy_stages.py")
 
@@ -76,7 +76,7 @@ async def run_calls(
 ) -> tuple[list[float], int, Any]:
     """(latencies in ms, calls that failed, the binding's traffic counts), after ``warm``
     calls not measured."""
-    from bls.bindings import binding_for
+    from bls.targets import binding_for
 
     binding = binding_for("work", ",".join(addresses))
     if policy:
@@ -102,7 +102,7 @@ async def run_calls(
             except bls.StageError:
                 failed += 1
             latencies.append((time.perf_counter() - t0) * 1000)
-    return latencies, failed, binding.traffic
+    return latencies, failed, binding.state.counts
 
 
 def pct(values: list[float], q: float) -> float:
