@@ -33,8 +33,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# This file is named openai.py: keep its folder from shadowing the `openai` package
-# that vLLM imports, and find the bench helpers after the real packages.
+# Keep this folder's modules (traffic.py, streams.py, ...) from shadowing packages that
+# vLLM imports, and find the bench helpers after the real packages.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
 
 from _procs import cpu_seconds, spawn, spread  # noqa: E402

@@ -5,6 +5,9 @@ Starlette routes doing the same work on the same server (Uvicorn + httptools).
     bls serve bench/serving/app.py --bind echo=tcp://... --bind local=bench/serving/app.py:echo \
         --bind tick=bench/serving/app.py:tick
     python bench/serving/app.py tcp://...                         (the floor)
+    python bench/serving/app.py tcp://... --trio-guest            (the floor, each route's
+                                                                   work run by trio as a
+                                                                   guest of the asyncio loop)
 """
 
 from __future__ import annotations
@@ -65,10 +68,14 @@ async def ticks(req: Ticks) -> AsyncIterator[Tick]:
         yield item
 
 
-def floor(address: str) -> None:
+def floor(address: str, trio_guest: bool = False) -> None:
     """Starlette on Uvicorn: /noop decodes and re-encodes; /inline calls the stage's
     function; /remote calls the same worker through a bls runtime (the stage call without
-    bls's HTTP layer)."""
+    bls's HTTP layer).
+
+    ``trio_guest``: /noop and /inline hand their work to a trio run hosted by the asyncio
+    loop (``trio.lowlevel.start_guest_run``) and wait for its answer — what serving trio
+    scripts behind Uvicorn would cost at the least (bench/trio_guest.py)."""
     import socket
     from contextlib import asynccontextmanager
 
@@ -80,14 +87,18 @@ def floor(address: str) -> None:
     from starlette.routing import Route
 
     runtime = bls.Runtime({"echo": address}, start_unreachable=True)  # streams.py: none
+    guest = _TrioGuest() if trio_guest else None
 
     async def noop_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
+        if guest is not None:
+            req = await guest.call(_same, req)
         return Response(msgspec.json.encode(req), media_type="application/json")
 
     async def inline_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
-        return Response(msgspec.json.encode(await echo(req)), media_type="application/json")
+        result = await (echo(req) if guest is None else guest.call(echo, req))
+        return Response(msgspec.json.encode(result), media_type="application/json")
 
     async def remote_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
@@ -106,7 +117,11 @@ def floor(address: str) -> None:
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         async with runtime:
+            if guest is not None:
+                await guest.start()
             yield
+            if guest is not None:
+                await guest.stop()
 
     app = Starlette(
         routes=[
@@ -125,5 +140,55 @@ def floor(address: str) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+async def _same(req: Ping) -> Ping:
+    return req
+
+
+class _TrioGuest:
+    """A trio run hosted by the running asyncio loop; :meth:`call` runs a coroutine
+    function there (a task in its nursery) and waits for the result on asyncio."""
+
+    async def start(self) -> None:
+        import asyncio
+
+        import trio
+
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._ready = asyncio.Event()
+        self._stopped: asyncio.Future[None] = loop.create_future()
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._ready.set()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+
+        trio.lowlevel.start_guest_run(
+            main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=loop.call_soon,
+            done_callback=lambda outcome: self._stopped.set_result(None),
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        await self._ready.wait()
+
+    async def call(self, fn, req):  # type: ignore[no-untyped-def]
+        answer = self._loop.create_future()
+
+        async def run() -> None:
+            answer.set_result(await fn(req))
+
+        self._token.run_sync_soon(self._nursery.start_soon, run)
+        return await answer
+
+    async def stop(self) -> None:
+        self._token.run_sync_soon(self._stop.set)
+        await self._stopped
+
+
 if __name__ == "__main__":
-    floor(sys.argv[1])
+    floor(sys.argv[1], trio_guest="--trio-guest" in sys.argv[2:])

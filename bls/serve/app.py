@@ -225,8 +225,9 @@ class Frontend:
         """A request's answer in /metrics and its line in the access log."""
         elapsed = time.perf_counter() - started
         self.metrics.request(entry, status, elapsed)
-        path = loggable(scope["path"])
-        access.info("%s %s %s %d %.1fms", rid, scope["method"], path, status, elapsed * 1000)
+        if access.isEnabledFor(logging.INFO):  # (--no-access-log: no work at all)
+            path = loggable(scope["path"])
+            access.info("%s %s %s %d %.1fms", rid, scope["method"], path, status, elapsed * 1000)
 
     def _admit(
         self,
