@@ -121,11 +121,7 @@ class AsyncioPeer(Peer):
 
     async def more(self, exchange: Exchange) -> None:
         self.resume_reading()
-        exchange.waiter = waiter = backend().waiter()
-        try:
-            await waiter.wait()
-        finally:
-            exchange.waiter = None
+        await exchange.woken()
 
     def answered(self, exchange: Exchange) -> None:
         """An answer is complete: start the next pipelined request, or wait for one for the

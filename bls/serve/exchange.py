@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..console import loggable
+from ..loop import Waiter, backend
 from .framing import BODY, WHOLE
 from .http11 import Answer, Head
 
@@ -76,7 +77,7 @@ class Exchange:
         self.body = bytearray()
         self.more_body = True
         self.read = False  # the whole body went to the application
-        self.waiter: Any = None  # what a receive() waiting for the body waits on (a driver's)
+        self.waiter: Waiter | None = None  # what a receive() waiting for the body waits on
         self.disconnected = False
 
     def wake(self) -> None:
@@ -85,6 +86,15 @@ class Exchange:
         if waiter is not None:
             self.waiter = None
             waiter.wake()
+
+    async def woken(self) -> None:
+        """Wait for :meth:`wake` (a driver's :meth:`Link.more`, once it knows that someone
+        else reads)."""
+        self.waiter = waiter = backend().waiter()
+        try:
+            await waiter.wait()
+        finally:
+            self.waiter = None
 
     async def run(self, app: Callable[..., Any]) -> None:
         scope, self.scope = self.scope, None

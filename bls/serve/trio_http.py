@@ -29,7 +29,6 @@ import anyio
 import anyio.abc
 import trio
 
-from ..loop import backend
 from .exchange import Exchange
 from .http11 import HIGH_WATER, MAX_HEADER_BYTES
 from .peer import Peer
@@ -185,12 +184,8 @@ class TrioPeer(Peer):
         if not (self.receiving or self.closed or len(self.unparsed) >= HIGH_WATER):
             await self._read()
             return
-        # Someone else reads (and pokes), or what waits unparsed is enough for now.
-        exchange.waiter = waiter = backend().waiter()
-        try:
-            await waiter.wait()
-        finally:
-            exchange.waiter = None
+        # Someone else reads (and wakes it), or what waits unparsed is enough for now.
+        await exchange.woken()
 
     def answered(self, exchange: Exchange) -> None:
         if not self.closed:
