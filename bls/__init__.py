@@ -12,15 +12,19 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .batching import batch
 from .cache import CacheReport, cache_report
-from .conversation import ChatMessage, ChatRequest
+from .chat_request import ChatRequest
+from .constraints import Constraint, Grammar, Regex
+from .conversation import ChatMessage
 from .entry import Script, script
 from .errors import DeadlineExceeded, InvalidRequest, StageError, StageNotBound
 from .flow import beside, collect, gather, map, race
+from .llm import ask
 from .messages import Message
 from .priorities import current_priority, priority
 from .runtime import BindingError, Runtime
 from .stages import Stage, StreamStage, stage
 from .timeouts import remaining, timeout
+from .tools import Tool, ToolCall
 from .worker import Worker
 
 try:
@@ -33,17 +37,23 @@ __all__ = [
     "CacheReport",
     "ChatMessage",
     "ChatRequest",
+    "Constraint",
     "DeadlineExceeded",
+    "Grammar",
     "InvalidRequest",
     "Message",
+    "Regex",
     "Runtime",
     "Script",
     "Stage",
     "StageError",
     "StageNotBound",
     "StreamStage",
+    "Tool",
+    "ToolCall",
     "Worker",
     "__version__",
+    "ask",
     "batch",
     "beside",
     "cache_report",

@@ -82,7 +82,13 @@ class CallLog:
 
 
 def streams(spec: Any) -> bool:
-    return inspect.isasyncgenfunction(spec.spec if isinstance(spec, cached) else spec)
+    """Whether a fake streams: an async generator function, or an object whose
+    ``__call__`` is one (a ``bls.Worker`` such as ``FakeLLM``)."""
+    spec = spec.spec if isinstance(spec, cached) else spec
+    if inspect.isasyncgenfunction(spec):
+        return True
+    call = None if inspect.isroutine(spec) or not callable(spec) else type(spec).__call__
+    return inspect.isasyncgenfunction(call)
 
 
 def inferred(spec: Any, streaming: bool) -> Signature:
@@ -93,7 +99,10 @@ def inferred(spec: Any, streaming: bool) -> Signature:
     spec = spec.spec if isinstance(spec, cached) else spec
     if callable(spec) and not isinstance(spec, type):
         try:
-            found = signature_of(spec)
+            if inspect.isroutine(spec):
+                found = signature_of(spec)
+            else:  # an object called as a function: a Worker such as FakeLLM
+                found = signature_of(type(spec).__call__, skip_self=True)
         except (TypeError, ValueError):  # a callable with no signature to read
             return Signature(request=Any, response=Any, streaming=streaming)
         request, response = (_named(t) for t in (found.request, found.response))

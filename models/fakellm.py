@@ -2,12 +2,21 @@
 
 It takes what :class:`bls.models.vllm.VllmWorker` takes (a prompt, chat messages, token
 ids or prompt embeddings; ``max_tokens``, ``min_tokens``, ``stop``, ``ignore_eos``,
-``seed``) and streams what it streams (:class:`~bls.models.vllm.GenerateItem`: text,
-token ids, the prompt's token count on the first item, the finish reason on the last),
-with deterministic text (the same request, the same words), a time to the first token and
-a time per token of your choosing, and an abort when the call is cancelled (counted, and
-logged as the vLLM worker logs it). So a pipeline can be tested, load-tested and its
-cancellation checked without a GPU, inline or behind ``bls worker``::
+``seed``, ``logprobs``, a ``constraint``) and streams what it streams
+(:class:`~bls.models.vllm.GenerateItem`: text, token ids, the prompt's token count on the
+first item, the finish reason on the last, logprobs when asked), with deterministic text
+(the same request, the same words), a time to the first token and a time per token of
+your choosing, and an abort when the call is cancelled (counted, and logged as the vLLM
+worker logs it).
+
+Under a ``constraint`` (:func:`bls.ask`, the chat endpoint's ``response_format`` or
+forced ``tool_choice``) the text satisfies it — a value of the JSON schema, a match of
+the regex, one of the choice (:mod:`bls.models.fake_outputs`) — in tokens of up to four
+characters, cut at ``max_tokens`` as an engine would. ``replies`` make it answer given
+texts instead, in turn (e.g. a tool call, then an answer), whatever the constraint.
+
+So a pipeline can be tested, load-tested and its cancellation checked without a GPU,
+inline or behind ``bls worker``::
 
     [stages.generator]
     inline = "bls.models.fakellm:FakeLLM"
@@ -23,6 +32,7 @@ import hashlib
 import itertools
 import logging
 import os
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,7 +42,8 @@ import msgspec
 import bls
 from bls.conversation import conversation
 
-from .vllm import GenerateItem, GenerateRequest
+from .fake_outputs import satisfying
+from .vllm import GenerateItem, GenerateRequest, TokenLogprob, TopLogprob
 
 __all__ = ["FakeLLM", "FakeOptions"]
 
@@ -47,12 +58,14 @@ WORDS = (
 class FakeOptions(msgspec.Struct, forbid_unknown_fields=True):
     """``ttft_ms``: the wait before the first token; ``tpot_ms``: between the next ones.
     ``eos_after``: the tokens after which it would stop by itself (finish ``"stop"``;
-    default: twice the prompt's length, at least 8) unless ``ignore_eos``."""
+    default: twice the prompt's length, at least 8) unless ``ignore_eos``. ``replies``:
+    texts to answer with, one per call in turn (cycling), instead of made-up ones."""
 
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
     eos_after: int | None = None
     words: list[str] = msgspec.field(default_factory=lambda: list(WORDS))
+    replies: list[str] = []
 
 
 _ids = itertools.count(1)
@@ -67,6 +80,7 @@ class FakeLLM(bls.Worker):
         super().__init__(options or FakeOptions())
         self.aborted = 0  # calls cancelled before they finished
         self.generated = 0  # tokens produced, all calls together
+        self.calls = 0
         self._running = 0
 
     async def setup(self) -> None:
@@ -86,6 +100,7 @@ class FakeLLM(bls.Worker):
         prompt = _prompt_tokens(req)
         seed = hashlib.blake2b(_prompt_key(req) + str(req.seed).encode(), digest_size=8)
         eos = opts.eos_after if opts.eos_after is not None else max(8, 2 * len(prompt))
+        whole = self._whole(req, seed)
         request_id = f"fake-{os.getpid()}-{next(_ids)}"
         text = ""
         finished = False
@@ -95,14 +110,21 @@ class FakeLLM(bls.Worker):
             for n in range(req.max_tokens):
                 if n:
                     await anyio.sleep(opts.tpot_ms / 1000)
-                token = _token(seed, n, len(opts.words))
-                piece = opts.words[token] + " "
-                text += piece
+                if whole is None:
+                    token = _token(seed, n, len(opts.words))
+                    piece = opts.words[token] + " "
+                    text += piece
+                    finish = _finish(req, n + 1, eos, text)
+                else:
+                    piece, token = whole[4 * n : 4 * n + 4], n
+                    finish = "stop" if 4 * n + 4 >= len(whole) else None
+                    finish = finish or ("length" if n + 1 >= req.max_tokens else None)
                 self.generated += 1
-                finish = _finish(req, n + 1, eos, text)
                 item = GenerateItem(text=piece, token_ids=[token], finish_reason=finish)
                 if n == 0:
                     item.prompt_tokens = len(prompt)
+                if req.logprobs is not None:
+                    item.logprobs = [_logprob(piece, req.logprobs)]
                 finished = finish is not None
                 yield item
                 if finished:
@@ -112,6 +134,29 @@ class FakeLLM(bls.Worker):
             if not finished:
                 self.aborted += 1
                 log.info("aborted %s (unfinished in the engine now: %d)", request_id, self._running)
+
+    def _whole(self, req: GenerateRequest, seed: Any) -> str | None:
+        """The whole answer when it is given (``replies``) or constrained, else None."""
+        replies: list[str] = self.options.replies
+        self.calls += 1
+        if replies:
+            return replies[(self.calls - 1) % len(replies)]
+        if req.constraint is None:
+            return None
+        rng = random.Random(int.from_bytes(seed.digest(), "little"))
+        return satisfying(req.constraint, rng) or " "
+
+
+def _logprob(piece: str, top: int) -> TokenLogprob:
+    """A made-up log-probability for a token, with ``top`` made-up alternatives."""
+    alternatives = [TopLogprob(token=piece, logprob=-0.5, bytes=list(piece.encode()))]
+    alternatives += [
+        TopLogprob(token=word, logprob=-2.0 - i, bytes=list(word.encode()))
+        for i, word in enumerate(WORDS[: max(top - 1, 0)])
+    ]
+    return TokenLogprob(
+        token=piece, logprob=-0.5, bytes=list(piece.encode()), top_logprobs=alternatives[:top]
+    )
 
 
 def _finish(req: GenerateRequest, n: int, eos: int, text: str) -> str | None:

@@ -36,6 +36,8 @@ __all__ = [
     "GenerateItem",
     "GenerateRequest",
     "MultiModal",
+    "TokenLogprob",
+    "TopLogprob",
     "VllmOptions",
     "VllmWorker",
     "from_chat",
@@ -55,51 +57,109 @@ class MultiModal(bls.Message):
 
 class GenerateRequest(bls.Message):
     """One generation. Exactly one of ``prompt`` (text), ``messages`` (a chat, which the
-    model's own chat template turns into the prompt), ``token_ids`` or ``prompt_embeds``
-    (a seq x hidden tensor; needs ``enable_prompt_embeds``) is the prompt;
-    ``multimodal`` goes with ``token_ids``."""
+    model's own chat template turns into the prompt, with ``tools`` when given: OpenAI's
+    function specs), ``token_ids`` or ``prompt_embeds`` (a seq x hidden tensor; needs
+    ``enable_prompt_embeds``) is the prompt; ``multimodal`` goes with ``token_ids``.
+
+    ``constraint`` (:class:`bls.Constraint`) has the engine decode under structured
+    outputs; ``logprobs`` asks for each token's log-probability and that many of the most
+    likely ones (0: the token's own only). The sampling fields are vLLM's."""
 
     prompt: str | None = None
     messages: list[bls.ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
     token_ids: list[int] | None = None
     prompt_embeds: Any = None
     multimodal: MultiModal | None = None
+    constraint: bls.Constraint | None = None
     max_tokens: int = 64
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop: list[str] = []
+    stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    logprobs: int | None = None
+
+
+class TopLogprob(bls.Message):
+    """One of the likeliest tokens at a step (OpenAI's ``top_logprobs`` entry)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(bls.Message):
+    """A generated token's log-probability and the likeliest at its step, as OpenAI's
+    ``logprobs.content`` entries (and as `vllm serve` fills them)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = []
 
 
 class GenerateItem(bls.Message):
     """What one step of the engine produced: the new text and its token ids; on the
     first item, how many tokens the prompt had; on the last, why generation ended
-    (``"stop"``, ``"length"``). The chat endpoint reads all four (usage, finish reason)."""
+    (``"stop"``, ``"length"``); with ``logprobs`` asked for, each new token's. The chat
+    endpoint reads them all (usage, finish reason, logprobs)."""
 
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
     prompt_tokens: int | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 def from_chat(req: bls.ChatRequest, **overrides: Any) -> GenerateRequest:
     """The generation an OpenAI chat request asks for: its messages (templated by the
-    engine) and sampling fields (``max_completion_tokens`` or ``max_tokens``,
-    ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``, ``min_tokens``).
+    engine, with its ``tools``), what its output must be (``response_format``, a forced
+    ``tool_choice``, ``structured_outputs``: :meth:`bls.ChatRequest.constraint`), its
+    sampling fields (``max_completion_tokens`` or ``max_tokens``, ``temperature``,
+    ``top_p``, ``top_k``, ``min_p``, the penalties, ``seed``, ``stop``,
+    ``stop_token_ids``, ``ignore_eos``, ``min_tokens``) and ``logprobs``/``top_logprobs``.
     ``overrides`` set any :class:`GenerateRequest` field, e.g. a default ``max_tokens``."""
     fields: dict[str, Any] = {"messages": req.messages}
     max_tokens = req.max_completion_tokens or req.max_tokens
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
-    for name in ("temperature", "top_p", "seed", "ignore_eos", "min_tokens"):
+    for name in _SAMPLING:
         value = getattr(req, name)
         if value is not None:
             fields[name] = value
     if req.stop is not None:
         fields["stop"] = [req.stop] if isinstance(req.stop, str) else req.stop
+    if req.logprobs:
+        fields["logprobs"] = req.top_logprobs or 0
+    if req.tools and req.tool_choice != "none":
+        fields["tools"] = req.tools
+    constraint = req.constraint()
+    if constraint is not None:
+        fields["constraint"] = constraint
     return GenerateRequest(**{**fields, **overrides})
+
+
+_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+)
 
 
 class VllmOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -135,6 +195,9 @@ def engine_environment() -> None:
 
 _ids = itertools.count(1)
 
+# The engine's structured outputs unless the `engine` option says otherwise.
+STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True}
+
 
 class VllmWorker(bls.Worker):
     """A streaming stage: :class:`GenerateRequest` in, :class:`GenerateItem` s out."""
@@ -169,6 +232,10 @@ class VllmWorker(bls.Worker):
             "enable_prompt_embeds": opts.enable_prompt_embeds,
             **opts.engine,
         }
+        # JSON under a constraint comes compact: a model cannot fill max_tokens with
+        # whitespace (vLLM's engine-wide disable_any_whitespace; llguidance also keeps
+        # numbers within a schema's bounds and escapes control characters).
+        kwargs.setdefault("structured_outputs_config", dict(STRUCTURED_OUTPUTS))
         if opts.max_model_len is not None:
             kwargs["max_model_len"] = opts.max_model_len
         if opts.gpu_memory_utilization is not None:
@@ -216,9 +283,17 @@ class VllmWorker(bls.Worker):
             min_tokens=req.min_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=req.repetition_penalty,
             seed=req.seed,
             stop=req.stop or None,
+            stop_token_ids=req.stop_token_ids or None,
             ignore_eos=req.ignore_eos,
+            logprobs=req.logprobs,
+            structured_outputs=_structured(req.constraint),
             output_kind=RequestOutputKind.DELTA,  # only what is new since the last output
         )
         request_id = f"bls-{os.getpid()}-{next(_ids)}"
@@ -236,6 +311,8 @@ class VllmWorker(bls.Worker):
                     token_ids=list(completion.token_ids),
                     finish_reason=completion.finish_reason if finished else None,
                 )
+                if req.logprobs is not None:
+                    item.logprobs = _logprobs(completion, req.logprobs, self.tokenizer)
                 if first:
                     first = False
                     item.prompt_tokens = len(out.prompt_token_ids or ())
@@ -260,7 +337,7 @@ def _prompt(req: GenerateRequest, tokenizer: Any) -> Any:
             "$",
         )
     if req.messages is not None:
-        return {"prompt_token_ids": _chat_tokens(req.messages, tokenizer)}
+        return {"prompt_token_ids": _chat_tokens(req.messages, req.tools, tokenizer)}
     if req.multimodal is not None and req.token_ids is None:
         raise bls.InvalidRequest("", "multimodal data goes with token_ids", "$.multimodal")
     if req.prompt is not None:
@@ -279,17 +356,66 @@ def _prompt(req: GenerateRequest, tokenizer: Any) -> Any:
     return prompt
 
 
-def _chat_tokens(messages: list[bls.ChatMessage], tokenizer: Any) -> list[int]:
-    """The prompt the model's chat template makes of ``messages``, as ``vllm serve``
-    tokenizes it (the template adds the special tokens it wants; nothing else does)."""
+def _chat_tokens(
+    messages: list[bls.ChatMessage], tools: list[dict[str, Any]] | None, tokenizer: Any
+) -> list[int]:
+    """The prompt the model's chat template makes of ``messages`` (and ``tools``, for a
+    template that renders them), as ``vllm serve`` tokenizes it (the template adds the
+    special tokens it wants; nothing else does)."""
     try:
         text = tokenizer.apply_chat_template(
-            conversation(messages), tokenize=False, add_generation_prompt=True
+            conversation(messages), tools=tools, tokenize=False, add_generation_prompt=True
         )
     except ValueError as exc:  # e.g. the model has no chat template
         why = f"cannot apply the chat template: {exc}"
         raise bls.InvalidRequest("", why, "$.messages") from None
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _structured(constraint: bls.Constraint | None) -> Any:
+    """vLLM's structured outputs for a constraint (the same fields), or None."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(**{constraint.kind(): getattr(constraint, constraint.kind())})
+
+
+def _logprobs(completion: Any, top: int, tokenizer: Any) -> list[TokenLogprob]:
+    """Each new token's log-probability and ``top`` of its step's entries, as `vllm
+    serve` reports them (its step's entries in the engine's order: the token first)."""
+    out = []
+    for token_id, step in zip(completion.token_ids, completion.logprobs or (), strict=False):
+        chosen = step.get(token_id) if step else None
+        if chosen is None:
+            token = tokenizer.decode(token_id)
+            out.append(TokenLogprob(token=token, logprob=-9999.0, bytes=_bytes(token)))
+            continue
+        tops = [
+            TopLogprob(token=_decoded(p, i, tokenizer), logprob=max(p.logprob, -9999.0))
+            for i, p in itertools.islice(step.items(), top)
+        ]
+        for entry in tops:
+            entry.bytes = _bytes(entry.token)
+        token = _decoded(chosen, token_id, tokenizer)
+        out.append(
+            TokenLogprob(
+                token=token,
+                logprob=max(chosen.logprob, -9999.0),
+                bytes=_bytes(token),
+                top_logprobs=tops,
+            )
+        )
+    return out
+
+
+def _decoded(logprob: Any, token_id: int, tokenizer: Any) -> str:
+    text = logprob.decoded_token
+    return text if text is not None else tokenizer.decode(token_id)
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
 
 
 def _tensor(value: Any) -> Any:

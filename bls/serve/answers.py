@@ -1,5 +1,5 @@
 """Running an accepted request's entry and sending what it produces: a unary result as
-JSON, a stream as SSE (or NDJSON when asked), and the chat route's completion or chunks.
+JSON, a stream as SSE (or NDJSON when asked). (The chat route's: :mod:`.chat_answers`.)
 
 Items go out as the script yields them, from the script's own task: no queue between
 the script and the client, so a slow client pauses the script. Before its last body
@@ -19,16 +19,12 @@ import msgspec
 
 from ..entry import Script
 from ..runtime import Runtime
-from . import chat
 from .framing import (
     NDJSON,
     SSE,
     SSE_END,
-    ChatChunks,
-    HttpError,
     Scope,
     Send,
-    data_error,
     ndjson_error,
     ndjson_item,
     respond,
@@ -37,15 +33,22 @@ from .framing import (
 )
 from .intake import Request
 
-__all__ = ["answer_chat", "answer_entry"]
+__all__ = ["answer_entry"]
 
 _encode = msgspec.json.encode
 
 
 async def answer_entry(
-    runtime: Runtime, scope: Scope, send: Send, entry: Script, req: Any, request: Request
+    runtime: Runtime,
+    scope: Scope,
+    send: Send,
+    entry: Script,
+    req: Any,
+    request: Request,
+    body: bytes = b"",
 ) -> None:
-    """``POST /v1/scripts/ENTRY``: the result, or the items then an end."""
+    """``POST /v1/scripts/ENTRY``: the result, or the items then an end. (``body``, the
+    bytes ``req`` was decoded from, is not needed here.)"""
     if not entry.streaming:
         result = await runtime.run(entry, req)
         reply = request.reply
@@ -62,75 +65,6 @@ async def answer_entry(
         await _stream(runtime, send, entry, req, request, SSE, sse_item)
         request.reply.finishing = True
         await send({"type": "http.response.body", "body": SSE_END})
-
-
-async def answer_chat(
-    runtime: Runtime,
-    models: list[str],
-    scope: Scope,
-    send: Send,
-    entry: Script,
-    req: Any,
-    request: Request,
-) -> None:
-    """``POST /v1/chat/completions``: a ``chat.completion``, or with ``"stream": true``
-    a role chunk, a chunk per piece of text, the finish (and usage) and ``[DONE]``."""
-    problem = chat.unsupported(req)
-    if problem is not None:
-        raise HttpError(400, "unsupported", problem[0], path=problem[1])
-    model = getattr(req, "model", "") or models[0]
-    if model not in models:
-        raise HttpError(
-            404,
-            "NotFoundError",  # as vllm serve answers, and the openai client expects
-            f"The model `{model}` does not exist. Valid aliases: {', '.join(models)}.",
-            path="$.model",
-            param="model",
-        )
-    cid = chat.completion_id()
-    transcript = chat.Transcript()
-    if getattr(req, "stream", False):
-        await _chat_stream(runtime, send, entry, req, request, ChatChunks(cid, model), transcript)
-        return
-    parts: list[str] = []
-
-    async def collect(item: Any) -> None:
-        parts.append(transcript.add(item)[0])
-
-    if entry.streaming:
-        await runtime.feed(entry, req, collect)
-    else:
-        await collect(await runtime.run(entry, req))
-    request.reply.status = 200
-    body = chat.completion(cid, model, "".join(parts), transcript)
-    request.reply.finishing = True
-    await respond(scope, send, 200, body, request.id.encode())
-
-
-async def _chat_stream(
-    runtime: Runtime,
-    send: Send,
-    entry: Script,
-    req: Any,
-    request: Request,
-    chunks: ChatChunks,
-    transcript: chat.Transcript,
-) -> None:
-    def frame(item: Any) -> bytes:
-        text, finish = transcript.add(item)
-        if text:
-            return chunks.text(text, finish)
-        return chunks.finish(finish) if finish is not None else b""
-
-    request.reply.error_frame = data_error
-    await _stream(runtime, send, entry, req, request, SSE, frame, chunks.role())
-    last = b"" if transcript.finish_reason else chunks.finish("stop")
-    usage = transcript.usage()
-    options = getattr(req, "stream_options", None) or {}
-    if usage is not None and options.get("include_usage"):
-        last += chunks.usage(usage)
-    request.reply.finishing = True
-    await send({"type": "http.response.body", "body": last + chunks.done()})
 
 
 async def _stream(

@@ -46,7 +46,8 @@ from ..runtime import Runtime
 from ..scope import Reason
 from ..tracing import Trace, TraceStore, outcome_of
 from .admission import Admission, Ticket
-from .answers import answer_chat, answer_entry
+from .answers import answer_entry
+from .chat_answers import answer_chat
 from .framing import HttpError, Receive, Scope, Send, cut_short, error_for, send_error
 from .intake import (
     Clocks,
@@ -73,7 +74,8 @@ access = logging.getLogger("bls.access")
 _encode = msgspec.json.encode
 
 # What runs an accepted request's entry: (scope, send, entry, decoded request, request).
-Run = Callable[[Scope, Send, Script, Any, Request], Awaitable[None]]
+# How an accepted request is answered: its entry, its decoded body and the body's bytes.
+Run = Callable[[Scope, Send, Script, Any, Request, bytes], Awaitable[None]]
 
 
 class Frontend:
@@ -164,9 +166,10 @@ class Frontend:
         await self._accept(scope, receive, send, self.chat_entry, self._run_chat)
 
     async def _run_chat(
-        self, scope: Scope, send: Send, entry: Script, req: Any, request: Request
+        self, scope: Scope, send: Send, entry: Script, req: Any, request: Request, body: bytes
     ) -> None:
-        await answer_chat(self.runtime, self.chat_models(), scope, send, entry, req, request)
+        models = self.chat_models()
+        await answer_chat(self.runtime, models, scope, send, entry, req, request, body)
 
     # -- one request's life: admit, read and run, answer, record ----------------------
 
@@ -295,7 +298,7 @@ class Frontend:
                     req = entry.decode(body)
                 except InvalidRequest as exc:
                     raise invalid(exc) from None
-                await run(scope, send, entry, req, request)
+                await run(scope, send, entry, req, request, body)
                 ran = True
         finally:
             clocks.done(request)

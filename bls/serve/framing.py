@@ -1,10 +1,9 @@
 """Response framing, the one place that knows the bytes of an answer: JSON bodies, SSE and
-NDJSON stream items, the chat route's chunks, the error body and the status each
-exception is answered with."""
+NDJSON stream items, the error body and the status each exception is answered with.
+(The chat route's own shapes and chunks: :mod:`.chat`.)"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -17,7 +16,6 @@ __all__ = [
     "BODY",
     "SSE_END",
     "WHOLE",
-    "ChatChunks",
     "HttpError",
     "Reply",
     "bad_header",
@@ -205,45 +203,6 @@ def ndjson_error(error: HttpError) -> bytes:
 def data_error(error: HttpError) -> bytes:
     # OpenAI-style streams carry errors as a data event (clients read error.message).
     return b"data: " + error.body() + b"\n\n"
-
-
-class ChatChunks:
-    """The SSE frames of one streamed chat answer, as OpenAI sends them. The frame of a
-    text delta is two constant byte strings around the encoded text: the per-token path."""
-
-    __slots__ = ("_head", "_tail")
-
-    def __init__(self, cid: str, model: str) -> None:
-        self._head = (
-            b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,'
-            b'"choices":[{"index":0,"delta":' % (cid.encode(), int(time.time()), _encode(model))
-        )
-        self._tail = b',"finish_reason":null}]}\n\n'
-
-    def role(self) -> bytes:
-        """The opening chunk: the assistant's role and empty content, as OpenAI sends."""
-        return self._head + b'{"role":"assistant","content":""}' + self._tail
-
-    def text(self, text: str, finish: str | None = None) -> bytes:
-        delta = b'{"content":' + _encode(text) + b"}"
-        if finish is None:
-            return self._head + delta + self._tail
-        return self._finish(delta, finish)
-
-    def finish(self, finish: str) -> bytes:
-        return self._finish(b"{}", finish)
-
-    def _finish(self, delta: bytes, finish: str) -> bytes:
-        return self._head + delta + b',"finish_reason":' + _encode(finish) + b"}]}\n\n"
-
-    def usage(self, usage: msgspec.Struct) -> bytes:
-        """The last chunk when ``stream_options.include_usage`` is set: no choices."""
-        head = self._head[: self._head.index(b'"choices"')]
-        return head + b'"choices":[],"usage":' + _encode(usage) + b"}\n\n"
-
-    @staticmethod
-    def done() -> bytes:
-        return b"data: [DONE]\n\n"
 
 
 async def start(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from bls.models import tiny
@@ -113,9 +114,11 @@ def test_models_lists_the_served_chat_model(served: Proc) -> None:
 
 def test_what_the_endpoint_cannot_honour_is_a_400_naming_the_field(served: Proc) -> None:
     url = f"{served.address}/v1/chat/completions"
-    several = httpx.post(url, json={"model": "tiny", "messages": ASK, "n": 2}, timeout=30)
-    assert several.status_code == 400
-    assert several.json()["error"]["path"] == "$.n"
+    beams = {"model": "tiny", "messages": ASK, "use_beam_search": True}
+    refused = httpx.post(url, json=beams, timeout=30)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["path"] == "$.use_beam_search"
+    assert "use_beam_search is not supported" in refused.json()["error"]["message"]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
     parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]
     picture = httpx.post(url, json={"model": "tiny", "messages": parts}, timeout=30)
@@ -124,6 +127,82 @@ def test_what_the_endpoint_cannot_honour_is_a_400_naming_the_field(served: Proc)
     # Fields OpenAI clients send that the endpoint does not use are accepted.
     extra = {"model": "tiny", "messages": ASK, "max_tokens": 2, "logprobs": False, "user": "u"}
     assert httpx.post(url, json={**extra, "frequency_penalty": 0}, timeout=30).status_code == 200
+
+
+class Verdict(pydantic.BaseModel):
+    ok: bool
+    reason: str = pydantic.Field(max_length=24)
+
+
+def test_parse_with_a_pydantic_model_gets_a_valid_value_from_the_engine(served: Proc) -> None:
+    """Random weights at temperature 1: only the constraint makes this a Verdict."""
+    openai_client = client(served)
+    for seed in range(5):
+        done = openai_client.chat.completions.parse(
+            model="tiny",
+            messages=ASK,  # type: ignore[arg-type]
+            response_format=Verdict,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=200,
+        )
+        assert isinstance(done.choices[0].message.parsed, Verdict)
+        assert done.choices[0].finish_reason == "stop"
+
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "maxLength": 12}},
+            "required": ["expression"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_required_tool_choice_is_forced_through_structured_outputs(served: Proc) -> None:
+    """`vllm serve` without a tool parser refuses tool_choice="required"; bls answers it."""
+    done = client(served).chat.completions.create(
+        model="tiny",
+        messages=ASK,  # type: ignore[arg-type]
+        tools=[CALC],  # type: ignore[list-item]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "calculator"  # type: ignore[union-attr]
+    assert set(json.loads(call.function.arguments)) == {"expression"}  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError, match='"auto" needs a tool parser'):
+        client(served).chat.completions.create(
+            model="tiny",
+            messages=ASK,  # type: ignore[arg-type]
+            tools=[CALC],  # type: ignore[list-item]
+        )
+
+
+def test_logprobs_and_several_choices_come_from_the_engine(served: Proc) -> None:
+    done = client(served).chat.completions.create(
+        model="tiny",
+        messages=ASK,  # type: ignore[arg-type]
+        n=2,
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in done.choices] == [0, 1]
+    for choice in done.choices:
+        assert choice.logprobs is not None and len(choice.logprobs.content or []) == 4
+        entry = (choice.logprobs.content or [])[0]
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+    assert done.usage is not None and done.usage.completion_tokens == 8
 
 
 BENCH = """

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from pathlib import Path
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+import msgspec
 import pytest
 
 import bls
@@ -210,3 +213,43 @@ def test_http_disconnect_aborts_the_request_in_the_workers_engine(remote_engine:
     finally:
         server.signal(signal.SIGTERM)
         stop(server.popen)
+
+
+class Verdict(bls.Message):
+    ok: bool
+    score: Annotated[int, msgspec.Meta(ge=0, le=10)]
+    reason: Annotated[str, msgspec.Meta(max_length=16)]
+
+
+class Calc(bls.Message):
+    expression: Annotated[str, msgspec.Meta(max_length=12)]
+
+
+async def test_ask_returns_a_valid_typed_value_every_time_at_temperature_1(
+    engine: VllmWorker,
+) -> None:
+    """Random weights: the constraint alone makes every output a Verdict."""
+    async with runtime(engine):
+        verdicts = [
+            await bls.ask("generator", f"judge answer {i}", Verdict, temperature=1.0)
+            for i in range(100)
+        ]
+        pick = await bls.ask("generator", "pick", Literal["left", "right"], temperature=1.0)
+        code = await bls.ask("generator", "code", bls.Regex(r"[A-Z]{2}-\d{3}"), temperature=1.0)
+        reply = await bls.ask(
+            "generator", "2+2?", Verdict, tools=[bls.Tool("calc", Calc)], temperature=1.0
+        )
+    assert all(isinstance(v, Verdict) for v in verdicts) and len(verdicts) == 100
+    assert len({v.reason for v in verdicts}) > 50  # sampled, not one answer repeated
+    assert pick in ("left", "right") and re.fullmatch(r"[A-Z]{2}-\d{3}", code)
+    assert isinstance(reply, Verdict) or (
+        isinstance(reply, bls.ToolCall) and isinstance(reply.arguments, Calc)
+    )
+    assert engine.unfinished() == 0
+
+
+async def test_an_output_cut_at_max_tokens_is_an_invalid_response(engine: VllmWorker) -> None:
+    async with runtime(engine):
+        with pytest.raises(bls.StageError, match="stopped at max_tokens=4") as failed:
+            await bls.ask("generator", "judge", Verdict, max_tokens=4)
+    assert failed.value.kind == "invalid_response" and failed.value.stage == "generator"
