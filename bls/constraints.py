@@ -154,11 +154,16 @@ def bounded(schema: Any) -> Any:
 
 
 def decode_output(
-    stage: str, text: str, tp: Any, finish_reason: str | None, max_tokens: int | None
+    stage: str,
+    text: str,
+    tp: Any,
+    finish_reason: str | None,
+    max_tokens: int | None,
+    what: str | None = None,
 ) -> Any:
     """The LLM's ``text`` as a ``tp``; :class:`StageError` ``invalid_response`` naming
-    the stage, the type and the field where it is not one (saying so when the engine
-    cut the output at ``max_tokens``)."""
+    the stage, the type (or ``what`` was asked for) and the field where it is not one
+    (saying so when the engine cut the output at ``max_tokens``)."""
     if isinstance(tp, Regex) and re.fullmatch(tp, text) is None:
         raise _invalid(stage, tp, f"{text!r} does not match {str(tp)!r}", finish_reason, max_tokens)
     if tp is str or isinstance(tp, str):
@@ -172,11 +177,16 @@ def decode_output(
     try:
         return msgspec.json.decode(text, type=tp)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _invalid(stage, tp, str(exc), finish_reason, max_tokens) from None
+        raise _invalid(stage, tp, str(exc), finish_reason, max_tokens, what) from None
 
 
 def _invalid(
-    stage: str, tp: Any, why: str, finish_reason: str | None, max_tokens: int | None
+    stage: str,
+    tp: Any,
+    why: str,
+    finish_reason: str | None,
+    max_tokens: int | None,
+    what: str | None = None,
 ) -> StageError:
     if finish_reason == "length":
         why = (
@@ -185,5 +195,6 @@ def _invalid(
         )
     else:
         why = f"{why} (does the engine decode under structured outputs?)"
-    what = f"text matching {str(tp)!r}" if isinstance(tp, Regex) else f"a {type_name(tp)}"
+    if what is None:
+        what = f"text matching {str(tp)!r}" if isinstance(tp, Regex) else f"a {type_name(tp)}"
     return StageError(stage, ErrorKind.INVALID_RESPONSE, f"the output is not {what}: {why}")

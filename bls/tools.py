@@ -115,7 +115,8 @@ def decode_reply(
 ) -> Any:
     """A reply under :func:`choice_schema` as a :class:`ToolCall` or the answer;
     :class:`StageError` ``invalid_response`` naming the field where it is neither."""
-    reply = decode_output(stage, text, dict[str, Any], finish_reason, max_tokens)
+    what = f"a call of {' or '.join(t.name for t in tools)}, or the answer ({type_name(answer)})"
+    reply = decode_output(stage, text, dict[str, Any], finish_reason, max_tokens, what)
     if "tool" in reply:
         by_name = {tool.name: tool for tool in tools}
         tool = by_name.get(reply["tool"])

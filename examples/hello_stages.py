@@ -2,6 +2,8 @@
 
 from hello import Draft, Verdict
 
+import bls
+
 
 async def draft(req: Draft) -> str:
     """Each attempt is a little more enthusiastic than the last."""
@@ -18,3 +20,12 @@ async def judge(text: str) -> Verdict:
     if not text.endswith("!"):
         return Verdict(ok=False, reason="should sound enthusiastic")
     return Verdict(ok=True, reason="fine")
+
+
+async def llm_judge(text: str) -> Verdict:
+    """The judge as an LLM: a typed Verdict from whatever the `generator` stage runs (a
+    vLLM engine decodes under the Verdict's JSON schema). Swap it in with
+    `--bind judge=examples/hello_stages.py:llm_judge --bind generator=...`."""
+    prompt = f"Is this reply polite and enthusiastic? Say why in a few words.\n\n{text}"
+    verdict: Verdict = await bls.ask("generator", prompt, Verdict, max_tokens=128)
+    return verdict

@@ -74,3 +74,18 @@ async def test_a_failing_judge_fails_the_request() -> None:
         with pytest.raises(bls.StageError) as caught:
             await testing.call(hello, Ask(text="hi"))
     assert caught.value.stage == "judge" and caught.value.kind == "overloaded"
+
+
+async def test_an_llm_judge_gives_a_typed_verdict() -> None:
+    from hello_stages import llm_judge
+
+    replies = ['{"ok":false,"reason":"too flat"}', '{"ok":true,"reason":"warm"}']
+    llm = testing.FakeLLM(testing.FakeOptions(replies=replies))
+    with testing.fake({"draft": draft, "judge": llm_judge, "generator": llm}) as calls:
+        answer = await testing.call(hello, Ask(text="hi"))
+
+    assert answer == Answer(text="hi #2", attempts=2, accepted=True, reasons=["too flat"])
+    assert calls["generator"][0].request.constraint.json["$defs"]["Verdict"]["required"] == [
+        "ok",
+        "reason",
+    ]

@@ -85,9 +85,10 @@ def start(
                 got.set()
             else:
                 out.append(line)
+        got.set()  # (its output ended: it exited, ready or not)
 
     threading.Thread(target=read_stdout, daemon=True).start()
-    if not got.wait(ready_timeout):
+    if not got.wait(ready_timeout) or not ready:
         stop(popen)
         raise RuntimeError(f"{' '.join(argv)} did not become ready:\n{''.join(lines)}")
     return Proc(popen, ready[0], lines, out)
