@@ -78,8 +78,10 @@ class RecordedCall(msgspec.Struct, kw_only=True):
     start: float  # seconds after the request began
     end: float = 0.0
     # The type the script got the result (each item) in, as the binding converted it
-    # (None: the wire's builtins); a replay hands them over in it again.
-    result_type: TypeRef | None = None
+    # (None: the wire's builtins); a replay hands them over in it again. Required, None
+    # included: a record that lost the field would hand a script dicts where it read
+    # attributes.
+    result_type: TypeRef | None
 
 
 class Record(msgspec.Struct, kw_only=True):
