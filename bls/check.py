@@ -35,12 +35,13 @@ class StageUse(msgspec.Struct, frozen=True):
     line: int
 
 
-_UNARY = {"stage", "Stage"}
-_STREAM = {"StreamStage"}
+_UNARY = {"stage", "Stage", "Tool"}  # (a tool is called as a unary stage of its name)
+_STREAM = {"StreamStage", "ask"}  # (bls.ask streams from the LLM stage it names)
 
 
 def _callee(node: ast.expr) -> tuple[str, bool] | None:
-    """('stage', streaming) for stage(...)/bls.stage(...)/stage.stream(...)/Stage(...)."""
+    """('stage', streaming) for stage(...)/bls.stage(...)/stage.stream(...)/Stage(...),
+    and the other calls whose first argument names a stage: bls.ask(...), bls.Tool(...)."""
     if isinstance(node, ast.Name):
         if node.id in _UNARY:
             return node.id, False

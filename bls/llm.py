@@ -12,6 +12,7 @@ deadlines, priorities, hedging and fakes apply as to any other.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,23 +53,34 @@ async def ask(
     does not decode under structured outputs).
     """
     name = llm if isinstance(llm, str) else llm.name
-    offered = [tool_of(t) for t in tools]
-    request = {"messages": _messages(prompt), "max_tokens": max_tokens, **sampling}
-    constraint = _constraint(offered, returns)
+    offered = tuple(tool_of(t) for t in tools)
+    # (stream: False, the whole answer as one item: only the end is read)
+    request = {"messages": _messages(prompt), "max_tokens": max_tokens, "stream": False}
+    request.update(sampling)
+    constraint, specs = _asked(
+        tuple((t.name, t.arguments, t.description) for t in offered), returns
+    )
     if constraint is not None:
-        request["constraint"] = msgspec.to_builtins(constraint)
-    if offered:
-        request["tools"] = tool_specs(offered)
+        request["constraint"] = constraint
+    if specs:
+        request["tools"] = specs
     text, finish = await _generate(name, request)
     if offered:
         return decode_reply(name, text, offered, returns, finish, max_tokens)
     return decode_output(name, text, returns, finish, max_tokens)
 
 
-def _constraint(tools: list[Tool], returns: Any) -> Constraint | None:
-    if tools:
-        return Constraint(json=choice_schema(tools, returns))
-    return constraint_for(returns)
+@functools.lru_cache(maxsize=512, typed=True)  # (Regex("x") != Grammar("x"))
+def _asked(
+    tools: tuple[tuple[str, type, str], ...], returns: Any
+) -> tuple[Constraint | None, list[dict[str, Any]]]:
+    """The constraint and the tools' specs for a call, made once per kind of call (a
+    schema takes about 0.1 ms to derive): shared, and never changed by those who read
+    them."""
+    offered = [Tool(*tool) for tool in tools]
+    if offered:
+        return Constraint(json=choice_schema(offered, returns)), tool_specs(offered)
+    return constraint_for(returns), []
 
 
 def _messages(prompt: Any) -> list[Any]:

@@ -96,6 +96,23 @@ class FakeLLM(bls.Worker):
         return self._running
 
     async def __call__(self, req: GenerateRequest) -> AsyncIterator[GenerateItem]:
+        # (closed with this generator, at once: its `finally` counts the abort)
+        async with contextlib.aclosing(self._tokens(req)) as tokens:
+            if req.stream:
+                async for item in tokens:
+                    yield item
+                return
+            last = GenerateItem(text="", token_ids=[])  # the whole answer, as one item
+            async for item in tokens:
+                last.text += item.text
+                last.token_ids += item.token_ids
+                last.prompt_tokens = last.prompt_tokens or item.prompt_tokens
+                last.finish_reason = item.finish_reason
+                if item.logprobs is not None:
+                    last.logprobs = (last.logprobs or []) + item.logprobs
+        yield last
+
+    async def _tokens(self, req: GenerateRequest) -> AsyncIterator[GenerateItem]:
         opts: FakeOptions = self.options
         prompt = _prompt_tokens(req)
         seed = hashlib.blake2b(_prompt_key(req) + str(req.seed).encode(), digest_size=8)

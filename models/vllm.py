@@ -63,7 +63,9 @@ class GenerateRequest(bls.Message):
 
     ``constraint`` (:class:`bls.Constraint`) has the engine decode under structured
     outputs; ``logprobs`` asks for each token's log-probability and that many of the most
-    likely ones (0: the token's own only). The sampling fields are vLLM's."""
+    likely ones (0: the token's own only). The sampling fields are vLLM's. ``stream``
+    false: one item, the whole answer, when generation ends (for a caller that reads only
+    the end, as :func:`bls.ask` does: no item per engine step to make and pass on)."""
 
     prompt: str | None = None
     messages: list[bls.ChatMessage] | None = None
@@ -86,6 +88,7 @@ class GenerateRequest(bls.Message):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None
+    stream: bool = True
 
 
 class TopLogprob(bls.Message):
@@ -294,7 +297,8 @@ class VllmWorker(bls.Worker):
             ignore_eos=req.ignore_eos,
             logprobs=req.logprobs,
             structured_outputs=_structured(req.constraint),
-            output_kind=RequestOutputKind.DELTA,  # only what is new since the last output
+            # Each step's new tokens, or (not streamed) the whole answer once at the end.
+            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
         )
         request_id = f"bls-{os.getpid()}-{next(_ids)}"
         finished = False

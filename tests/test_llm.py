@@ -114,6 +114,8 @@ async def test_ask_returns_the_type_and_sends_the_constraint(entry: bls.Script) 
     assert sent.messages[0].role == "user" and sent.messages[0].text() == "is this polite?"
     assert sent.constraint == constraint_for(Verdict)
     assert sent.max_tokens == bls.llm.MAX_TOKENS and sent.seed == 1
+    # Only the end is read: the engine sends the whole answer as one item.
+    assert sent.stream is False and len(calls["generator"][0].items) == 1
 
 
 async def test_ask_takes_choices_regexes_lists_and_conversations() -> None:
@@ -137,6 +139,18 @@ async def test_ask_takes_choices_regexes_lists_and_conversations() -> None:
     assert isinstance(got["numbers"], list) and all(isinstance(n, int) for n in got["numbers"])
     assert isinstance(got["free"], str) and calls["generator"][-1].request.constraint is None
     assert [m.role for m in calls["generator"][0].request.messages] == ["system", "user"]
+
+
+async def test_a_regex_and_a_grammar_of_the_same_text_are_each_sent_as_what_they_are() -> None:
+    @bls.script
+    async def both(req: dict[str, Any]) -> list[str]:
+        return [await bls.ask("generator", "x", kind(r"[A-Z]+")) for kind in req["kinds"]]
+
+    replies = testing.FakeLLM(testing.FakeOptions(replies=["ABC"]))
+    with testing.fake({"generator": replies}) as calls:
+        assert await testing.call(both, {"kinds": [bls.Regex, bls.Grammar]}) == ["ABC", "ABC"]
+    sent = [call.request.constraint for call in calls["generator"]]
+    assert sent == [bls.Constraint(regex=r"[A-Z]+"), bls.Constraint(grammar=r"[A-Z]+")]
 
 
 async def test_an_output_that_is_not_the_type_names_the_stage_and_the_field() -> None:
@@ -270,3 +284,19 @@ def test_fakellm_writes_values_of_a_schema_and_refuses_a_grammar() -> None:
         assert 0 < value.size < 1
     with pytest.raises(bls.InvalidRequest, match="cannot follow a grammar"):
         satisfying(bls.Constraint(grammar="root ::= x"), random.Random(0))
+
+
+def test_bls_check_sees_the_stages_an_ask_and_a_tool_name(tmp_path: Any) -> None:
+    """A script whose LLM stage is named only in bls.ask still has it bound by config."""
+    from bls.check import find_stage_uses
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import bls\nfrom bls import ask\n"
+        "async def f(req):\n"
+        "    tools = [bls.Tool('lookup', dict)]\n"
+        "    await bls.ask('generator', 'q', int, tools=tools)\n"
+        "    await ask('judge', 'q')\n"
+    )
+    uses = {(u.name, u.streaming) for u in find_stage_uses(script)}
+    assert uses == {("generator", True), ("judge", True), ("lookup", False)}
