@@ -23,10 +23,7 @@ import msgspec
 import bls
 from bls import stage
 
-SYSTEM = (
-    "You answer questions. To compute, call the calculator; to recall a fact, call "
-    "lookup. Reply with a tool call, or with the answer once you know it."
-)
+SYSTEM = "Answer the question. Call calculator to compute, lookup to recall a fact."
 # What one more step needs at the least: with less of the deadline left, stop.
 STEP_S = 0.5
 # What the model may write in a string: printable ASCII, a token or less a character for
@@ -62,7 +59,6 @@ class Lookup(bls.Message):
 
 
 class Fact(bls.Message):
-    key: str
     value: str | None = None
     error: str | None = None
 

@@ -23,8 +23,10 @@ async def calculate(req: Calc) -> Number:
     model reads, not an exception."""
     try:
         return Number(value=float(_evaluate(ast.parse(req.expression, mode="eval").body)))
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError) as exc:
-        return Number(error=f"cannot evaluate {req.expression!r}: {exc}")
+    except SyntaxError:
+        return Number(error="not an expression")
+    except (ValueError, ZeroDivisionError, OverflowError) as exc:
+        return Number(error=str(exc)[:60])
 
 
 def _evaluate(node: ast.AST) -> float:
@@ -52,8 +54,5 @@ FACTS = {
 
 async def lookup(req: Lookup) -> Fact:
     """A fact from the small table above, by its key (case and spaces do not matter)."""
-    key = " ".join(req.key.lower().split())
-    found = FACTS.get(key)
-    if found is None:
-        return Fact(key=req.key, error="no such fact")
-    return Fact(key=key, value=found)
+    found = FACTS.get(" ".join(req.key.lower().split()))
+    return Fact(error="no such fact") if found is None else Fact(value=found)
