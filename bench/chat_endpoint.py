@@ -88,7 +88,8 @@ class Server:
                 proc.kill()
 
 
-def start_vllm(model: str) -> Server:
+def start_vllm(model: str, extra: list[str] | None = None) -> Server:
+    """`vllm serve` on ``model`` with the engine settings above (and ``extra`` flags)."""
     port = _free_port()
     args = [
         sys.executable,
@@ -102,6 +103,7 @@ def start_vllm(model: str) -> Server:
         "--enforce-eager",
         f"--dtype={ENGINE['dtype']}",
         "--disable-uvicorn-access-log",  # as bls serve --no-access-log
+        *(extra or []),
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
