@@ -33,7 +33,7 @@ import itertools
 import logging
 import os
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import anyio
@@ -112,7 +112,7 @@ class FakeLLM(bls.Worker):
                     last.logprobs = (last.logprobs or []) + item.logprobs
         yield last
 
-    async def _tokens(self, req: GenerateRequest) -> AsyncIterator[GenerateItem]:
+    async def _tokens(self, req: GenerateRequest) -> AsyncGenerator[GenerateItem, None]:
         opts: FakeOptions = self.options
         prompt = _prompt_tokens(req)
         seed = hashlib.blake2b(_prompt_key(req) + str(req.seed).encode(), digest_size=8)
