@@ -103,6 +103,17 @@ def stop(popen: subprocess.Popen[str]) -> None:
     popen.wait(10)
 
 
+def drain(procs: list[Proc], timeout: float = 40) -> None:
+    """SIGTERM each process, the last started first, and let it drain for up to
+    ``timeout`` seconds (an engine shuts down cleanly); whatever is left is killed."""
+    for proc in reversed(procs):
+        proc.signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        finally:
+            stop(proc.popen)
+
+
 @contextmanager
 def worker(
     target: str, *extra: str, listen: str = "tcp://127.0.0.1:0", env: dict[str, str] | None = None

@@ -5,7 +5,6 @@ mid-request leaves nothing running."""
 from __future__ import annotations
 
 import json
-import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from bls.models import tiny
 
 from .cli import bls_env, require_vllm
-from .procs import Proc, start, stop, wait_for
+from .procs import Proc, drain, start, wait_for
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
@@ -48,12 +47,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, lookups: Path) -> Iterator[
         procs.append(server)
         yield server
     finally:
-        for proc in reversed(procs):
-            proc.signal(signal.SIGTERM)
-            try:
-                proc.wait(40)
-            finally:
-                stop(proc.popen)
+        drain(procs)
 
 
 def ask(served: Proc, **fields: object) -> dict[str, object]:

@@ -4,7 +4,6 @@ benchmark client against `bls serve`, with the engine in process and in a `bls w
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 from bls.models import tiny
 
 from .cli import ROOT, bls_env, require_vllm
-from .procs import Proc, start, stop
+from .procs import Proc, drain, start
 
 require_vllm()  # skips the module without vLLM; CI requires it
 
@@ -43,12 +42,7 @@ def served(
         procs.append(server)
         yield server
     finally:
-        for proc in reversed(procs):
-            proc.signal(signal.SIGTERM)
-            try:
-                proc.wait(40)
-            finally:
-                stop(proc.popen)
+        drain(procs)
 
 
 def client(served: Proc) -> openai.OpenAI:
