@@ -1,5 +1,7 @@
-"""The ``bls`` command's parser: ``run``, ``check``, ``worker``, ``serve``, ``keygen``,
-``bench``, every flag with its range and its help; the handlers are :mod:`bls.commands`.
+"""The ``bls`` command's parser: ``run``, ``batch``, ``check``, ``replay``, ``worker``,
+``serve``, ``keygen``, ``bench``, every flag with its range and its help (the bounds of
+the two that serve, ``worker`` and ``serve``: :mod:`bls.server_flags`); the handlers are
+:mod:`bls.commands`.
 
 Every failure a user can cause prints one ``error: ...`` line on stderr and exits 1 (a flag
 out of its range is argparse's usage line, exit 2); tracebacks are for bugs
@@ -36,11 +38,9 @@ from .policy import PolicyError
 from .recording import RecordError
 from .replay import Divergence
 from .runtime import BindingError
+from .server_flags import add_serve_limit_args, add_worker_call_args, add_worker_metrics_args
 
 __all__ = ["main"]
-
-MAX_INFLIGHT = 1_000_000  # calls or requests at once: more is a typo, not a plan
-MAX_FRAME_BYTES = 2**62  # what ZeroMQ's message size limit (a signed 64-bit) takes
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bls {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_run, _check, _replay, _worker, _serve, _keygen, _bench):
+    for add in (_run, _batch, _check, _replay, _worker, _serve, _keygen, _bench):
         add(sub)
     return parser
 
@@ -70,31 +70,64 @@ def _run(sub: Any) -> None:
         help="the request as JSON, or @FILE to read it from a file (default: stdin)",
     )
     run.add_argument(
-        "--timeout",
-        type=seconds(zero_is_none=True),
-        metavar="S",
-        help="deadline for the request, seconds (default and 0: none)",
-    )
-    run.add_argument(
         "--record",
         metavar="FILE",
         help="write the request's stage calls (each request, item, error and when) to FILE, "
         "for bls replay",
     )
-    run.add_argument(
+    _running(run, "the request")
+    run.set_defaults(handler=commands.run)
+
+
+def _batch(sub: Any) -> None:
+    p = sub.add_parser(
+        "batch",
+        help="run an entry over every line of a JSONL file",
+        description="Run an entry over every line of a JSONL file (one request per line), "
+        "-c lines at a time, in this process (TARGET a script) or on a server (TARGET its "
+        'URL). OUTPUT gets one JSON line per request, in input order: {"line": N, '
+        '"result": ...} or {"line": N, "error": {...}}, the error as bls serve '
+        "answers it. Progress is kept in OUTPUT.progress as lines finish: stopped (Ctrl-C, "
+        "a crash), the same command again runs only the lines not done. Exits 0 once every "
+        "line has its answer, errors included (count them with jq).",
+    )
+    p.add_argument("target", help="a script file, or the URL of a bls serve")
+    p.add_argument("--entry", help="entrypoint name (optional when a script has one)")
+    p.add_argument("--input", required=True, metavar="FILE", help="the requests, JSON lines")
+    p.add_argument("--output", required=True, metavar="FILE", help="the answers, JSON lines")
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=count(1, 10_000),
+        default=8,
+        metavar="N",
+        help="lines run at once, 1 to 10000 (default 8)",
+    )
+    _running(p, "each line")
+    p.set_defaults(handler=commands.batch)
+
+
+def _running(p: argparse.ArgumentParser, what: str) -> None:
+    """The flags of the commands that run a script's entry here (run, batch)."""
+    p.add_argument(
+        "--timeout",
+        type=seconds(zero_is_none=True),
+        metavar="S",
+        help=f"deadline for {what}, seconds (default and 0: none)",
+    )
+    p.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
         help="bls's own messages on stderr, e.g. start-up progress (default info; "
         "libraries log warnings and up)",
     )
-    add_verbose_arg(run)
-    add_common_args(run)
-    add_binding_args(run)
-    add_backend_arg(run)
-    add_connect_timeout_arg(run, "then the run fails naming the stage")
-    add_discovery_args(run)
-    run.set_defaults(handler=commands.run)
+    add_verbose_arg(p)
+    add_common_args(p)
+    add_binding_args(p)
+    add_backend_arg(p)
+    add_connect_timeout_arg(p, "then the run fails naming the stage")
+    add_discovery_args(p)
 
 
 def _replay(sub: Any) -> None:
@@ -145,7 +178,7 @@ def _worker(sub: Any) -> None:
         help="tcp://HOST:PORT (port 0 picks a free one) or ipc:///path",
     )
     p.add_argument("--stage", help="the stage name to serve; callers expecting another are refused")
-    _worker_calls(p)
+    add_worker_call_args(p)
     p.add_argument(
         "--option",
         action="append",
@@ -163,7 +196,7 @@ def _worker(sub: Any) -> None:
         metavar="DIR",
         help="with --curve-secret: only accept callers whose public key is in DIR",
     )
-    _worker_metrics(p)
+    add_worker_metrics_args(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_verbose_arg(p)
     add_common_args(p)
@@ -195,7 +228,7 @@ def _serve(sub: Any) -> None:
         default=8000,
         help="port to listen on; 0 picks a free one (default 8000)",
     )
-    _serve_limits(p)
+    add_serve_limit_args(p)
     p.add_argument(
         "--server",
         choices=["auto", "uvicorn", "hypercorn"],
@@ -225,130 +258,6 @@ def _serve(sub: Any) -> None:
     add_discovery_args(p)
     add_backend_arg(p)
     p.set_defaults(handler=commands.serve)
-
-
-def _worker_calls(p: argparse.ArgumentParser) -> None:
-    """``bls worker``'s bounds on the calls it takes."""
-    p.add_argument(
-        "--max-inflight-per-caller",
-        type=count(1, MAX_INFLIGHT),
-        metavar="N",
-        help="calls one caller may have running at once (default: --max-inflight)",
-    )
-    p.add_argument(
-        "--max-inflight",
-        type=count(1, MAX_INFLIGHT),
-        default=256,
-        metavar="N",
-        help="calls held at once (running or waiting), 1 to 1000000; more are refused as "
-        "'overloaded' (default 256)",
-    )
-    p.add_argument(
-        "--max-running",
-        type=count(1, MAX_INFLIGHT),
-        metavar="N",
-        help="calls run at once; the rest of --max-inflight wait, highest priority first, and "
-        "when all are held a call of higher priority displaces the waiting call of lowest "
-        "(default: --max-inflight: none wait)",
-    )
-    p.add_argument(
-        "--grace",
-        type=seconds(),
-        default=10.0,
-        metavar="S",
-        help="seconds in-flight calls get to finish on SIGTERM; 0 cancels them at once "
-        "(default 10)",
-    )
-    p.add_argument(
-        "--max-frame-bytes",
-        type=count(1, MAX_FRAME_BYTES),
-        metavar="N",
-        help="largest request accepted, in bytes (default: [transport] max_frame_bytes, 256 MiB)",
-    )
-
-
-def _worker_metrics(p: argparse.ArgumentParser) -> None:
-    """``bls worker``'s load, for an autoscaler."""
-    p.add_argument(
-        "--metrics-port",
-        type=count(0, 65535),
-        metavar="PORT",
-        help="serve Prometheus /metrics on this port: calls in flight and queued, busy "
-        "fraction, for an autoscaler (0 picks a free one, logged; default: none)",
-    )
-    p.add_argument(
-        "--metrics-host",
-        default="127.0.0.1",
-        metavar="HOST",
-        help="the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0 in a pod)",
-    )
-
-
-def _serve_limits(p: argparse.ArgumentParser) -> None:
-    """``bls serve``'s bounds on each request and on the server."""
-    p.add_argument(
-        "--max-inflight",
-        type=count(1, MAX_INFLIGHT),
-        default=64,
-        metavar="N",
-        help="requests handled at once, 1 to 1000000; more wait (--max-queued) or are "
-        "answered 429 with Retry-After (default 64)",
-    )
-    p.add_argument(
-        "--max-queued",
-        type=count(0, MAX_INFLIGHT),
-        default=None,
-        metavar="N",
-        help="requests that wait for a slot when --max-inflight are running, highest "
-        "X-Priority first and tenants in fair turns; more get 429 (default: [admission] "
-        "max_queued in bls.toml, else 0)",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=seconds(zero_is_none=True),
-        default=300.0,
-        metavar="S",
-        help="deadline of every request, and the most an X-Request-Timeout header may ask "
-        "for (default 300; 0 = none)",
-    )
-    p.add_argument(
-        "--body-timeout",
-        type=seconds(zero_is_none=True),
-        default=10.0,
-        metavar="S",
-        help="seconds a request body may take to arrive; a slower one gets 408 (default 10; "
-        "0 = no bound but the request's deadline)",
-    )
-    p.add_argument(
-        "--grace",
-        type=seconds(),
-        default=30.0,
-        metavar="S",
-        help="seconds in-flight requests get to finish on SIGTERM; 0 cancels them at once "
-        "(default 30)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=count(1),
-        default=16 * 1024 * 1024,
-        metavar="N",
-        help="largest request body accepted; larger ones get 413 (default 16 MiB)",
-    )
-    p.add_argument(
-        "--max-header-bytes",
-        type=count(1024),
-        default=16 * 1024,
-        metavar="N",
-        help="largest request headers accepted (names and values); more get 431 and the "
-        "connection is closed (default 16 KiB; a URL over 8 KiB gets 414)",
-    )
-    p.add_argument(
-        "--trace-keep",
-        type=count(0),
-        default=100,
-        metavar="N",
-        help="recent requests whose stage timelines /debug/requests keeps (default 100)",
-    )
 
 
 def _keygen(sub: Any) -> None:

@@ -1,15 +1,17 @@
 """What each ``bls`` command does, once :mod:`bls.cli` has parsed its flags: ``run``,
-``check``, ``worker``, ``serve``, ``keygen``, ``bench``. Each takes the parsed arguments
+``batch``, ``check``, ``worker``, ``serve``, ``keygen``, ``bench``. Each takes the parsed arguments
 and returns the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +25,10 @@ from .replay import read, replay_file
 from .scope import RequestScope
 
 if TYPE_CHECKING:
+    from .batchfile import Call
     from .scriptfile import ScriptFile
 
-__all__ = ["bench", "check", "keygen", "replay", "run", "serve", "worker"]
+__all__ = ["batch", "bench", "check", "keygen", "replay", "run", "serve", "worker"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +61,99 @@ def run(args: argparse.Namespace) -> int:
         if recorder is not None:  # a failed request's record too
             Path(args.record).write_bytes(dump(recorder.finish()))
     return 0
+
+
+def batch(args: argparse.Namespace) -> int:
+    """``bls batch``: an entry over every line of a JSONL file, into another in input
+    order (:mod:`bls.batchfile`); after a stop, the lines not done yet."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .batchfile import BatchError, run_batch, survey
+    from .batchfile import Progress as Done
+
+    claim_stdout()
+    setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
+    source, output = Path(args.input), Path(args.output)
+    ident, requests = survey(source)
+    progress_file = output.with_name(output.name + ".progress")
+    if output.exists() and not progress_file.exists():
+        raise BatchError(
+            f"{output} exists and no batch into it is under way: it is a finished batch's "
+            "output or another file; remove it to run the batch (again)"
+        )
+    enter = _batch_call(args)
+    done = Done(output, ident)
+    console = Console(stderr=True)
+    columns = [TextColumn("[bold]bls batch"), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn()]
+    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+    task = bar.add_task("lines", total=requests, errors=0)
+
+    def tick(finished: int, errors: int) -> None:
+        bar.update(task, completed=finished, errors=errors)
+
+    async def main() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            call = await enter(stack)
+            await run_batch(call, source, done, requests, args.concurrency, tick)
+
+    try:
+        with bar:
+            anyio.run(main, backend=args.backend)
+    except KeyboardInterrupt:
+        done.close()
+        log = logging.getLogger("bls")
+        log.warning(
+            "stopped: %d of %d lines done, in %s; run the same command again to go on",
+            len(done.done),
+            requests,
+            done.path,
+        )
+        return 130
+    except BaseException:
+        done.close()
+        raise
+    done.finish()
+    answered = f"{requests} lines answered ({done.errors} with an error)"
+    print(f"bls batch: {answered}, into {output}", file=sys.stderr)
+    return 0
+
+
+def _batch_call(args: argparse.Namespace) -> Callable[[contextlib.AsyncExitStack], Awaitable[Call]]:
+    """What runs a batch's lines, entered on the batch's event loop: the script with its
+    runtime, or a client of the server at the URL."""
+    from .batchfile import BatchError, script_call, url_call
+
+    if args.target.startswith(("http://", "https://")):
+        import httpx
+
+        if not args.entry:
+            raise BatchError("name the server's entry to run with --entry NAME")
+        if args.bind or args.config:
+            raise BatchError("--bind and --config are for a script: a server binds its own")
+        read = None if args.timeout is None else args.timeout + 30  # (the server's bound)
+        timeout = httpx.Timeout(10.0, read=read, write=60.0, pool=None)
+        limits = httpx.Limits(max_connections=args.concurrency)
+
+        async def client(stack: contextlib.AsyncExitStack) -> Call:
+            http = httpx.AsyncClient(timeout=timeout, limits=limits)
+            await stack.enter_async_context(http)
+            return url_call(http, args.target, args.entry, args.timeout)
+
+        return client
+    from .scriptfile import ScriptFile
+
+    app = ScriptFile(args.target, config_file=args.config, binds=args.bind)
+    _apply_connect_timeout(app.config, args.connect_timeout)
+    _apply_discovery(app.config, args)
+    entry = app.entry(args.entry)
+
+    async def script(stack: contextlib.AsyncExitStack) -> Call:
+        runtime = await stack.enter_async_context(app.runtime())
+        return script_call(runtime, entry, args.timeout)
+
+    return script
 
 
 def replay(args: argparse.Namespace) -> int:
