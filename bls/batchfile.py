@@ -103,7 +103,7 @@ class Progress:
         self.errors = 0
         self._file: BinaryIO
         header = json.dumps({"bls_batch": FORMAT, **ident}).encode() + b"\n"
-        if self.path.exists():
+        if self.path.exists() and self.path.stat().st_size > 0:  # (empty: stopped at once)
             self._resume(header)
         else:
             self._file = self.path.open("w+b")

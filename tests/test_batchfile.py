@@ -46,3 +46,15 @@ def test_another_inputs_progress_is_refused(tmp_path: Path) -> None:
     changed, _ = survey(source)
     with pytest.raises(BatchError, match="is the progress of another input"):
         Progress(tmp_path / "out.jsonl", changed)
+
+
+def test_an_empty_progress_file_is_a_batch_that_had_not_begun(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"a": 1}\n')
+    ident, _ = survey(source)
+    (tmp_path / "out.jsonl.progress").touch()  # stopped before its first line was written
+    progress = Progress(tmp_path / "out.jsonl", ident)
+    assert progress.done == {}
+    progress.add(1, {"result": 1})
+    progress.finish()
+    assert json.loads((tmp_path / "out.jsonl").read_text()) == {"line": 1, "result": 1}
