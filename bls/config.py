@@ -11,6 +11,7 @@ import difflib
 import re
 import tomllib
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +22,7 @@ from .cache import CachedBinding, CacheOptions
 from .messages import unknown_field_hint
 from .paths import missing
 from .policy import policy_from
-from .targets import binding_for, scheme_of
+from .targets import binding_for, load_target, scheme_of
 
 __all__ = [
     "AdmissionConfig",
@@ -38,7 +39,7 @@ __all__ = [
 
 CONFIG_NAME = "bls.toml"
 DISCOVER_SCHEME = "etcd:"  # --bind NAME=etcd:STAGE: replicas found in etcd
-POLICY_KNOBS = ("idempotent", "hedge", "retry", "eject")
+POLICY_KNOBS = ("idempotent", "hedge", "retry", "eject", "affinity")
 
 
 class ConfigError(ValueError):
@@ -120,6 +121,7 @@ class StageConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     hedge: dict[str, Any] | None = None
     retry: dict[str, Any] | None = None
     eject: dict[str, Any] | None = None
+    affinity: dict[str, Any] | None = None
     # Where relative paths in this entry are resolved from, and where the entry was
     # written, for messages (not TOML keys).
     base: str | None = None
@@ -402,7 +404,8 @@ def make_bindings(config: Config) -> dict[str, Binding]:
         knobs = {k: getattr(stage, k) for k in POLICY_KNOBS if getattr(stage, k) is not None}
         if knobs:
             try:
-                binding.set_policy(policy_from(name, knobs))
+                load = partial(load_target, base=base)
+                binding.set_policy(policy_from(name, knobs, load=load))
             except ValueError as exc:
                 raise ConfigError(f"{stage.source or 'bls.toml'}: {exc}") from None
         if stage.cache is not None:

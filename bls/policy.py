@@ -8,10 +8,12 @@ ejecting replicas that fail or lag.
     retry = { attempts = 3, on = ["unavailable", "overloaded", "shutdown"],
               backoff_ms = 10, budget = 0.1 }
     eject = { failures = 5, for_ms = 1000 }        # on by default
+    affinity = { field = "session" }               # the same key, the same replica
 
 What each knob means is in docs/policy.md; the remote binding applies them
-(``transport/attempts.py``), since only a stage with replicas has another to hedge to, to
-retry on, or to take out of rotation. This module holds the options, their checks, and
+(``transport/attempts.py``; affinity: ``transport/replicas.py`` with :mod:`bls.affinity`),
+since only a stage with replicas has another to hedge to, to retry on, to take out of
+rotation, or to keep a key on. This module holds the options, their checks, and
 the state they keep: recent latencies, the retry budget, the counts ``/metrics`` shows.
 """
 
@@ -20,10 +22,12 @@ from __future__ import annotations
 import collections
 import math
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
 
+from .affinity import Affinity
 from .counts import Traffic
 from .errors import ErrorKind
 from .messages import unknown_field_hint
@@ -122,6 +126,7 @@ class Policy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     hedge: Hedge | None = None
     retry: Retry | None = None
     eject: Eject = msgspec.field(default_factory=Eject)
+    affinity: Affinity | None = None
 
     @property
     def repeats(self) -> bool:
@@ -134,17 +139,28 @@ class PolicyError(ValueError):
 
 
 def policy_from(
-    stage: str, fields: dict[str, Any], *, idempotent: str = "`idempotent = true`"
+    stage: str,
+    fields: dict[str, Any],
+    *,
+    idempotent: str = "`idempotent = true`",
+    load: Callable[[str], Any] | None = None,
 ) -> Policy:
     """The policy ``fields`` (from bls.toml or ``bls.Stage``) give; :class:`PolicyError`
     naming the stage and the field when they cannot, or when they would repeat a call of
     a stage that is not idempotent (saying to add ``idempotent``, written as where the
-    policy was written)."""
+    policy was written). ``load`` imports an affinity function now (bls.toml's
+    ``file.py:attr``, relative to the file); without it, it is imported at first use."""
     try:
         policy = msgspec.convert(fields, Policy)
     except msgspec.ValidationError as exc:
         hint = unknown_field_hint(Policy, str(exc))
         raise PolicyError(f"stage {stage!r}: {_where(exc)}{hint}") from None
+    affinity = policy.affinity
+    if affinity is not None and affinity.function is not None and load is not None:
+        try:
+            affinity.use(load(affinity.function))
+        except (ImportError, OSError, AttributeError, ValueError) as exc:
+            raise PolicyError(f"stage {stage!r}: affinity.function: {exc}") from None
     if policy.repeats and not policy.idempotent:
         which = " and ".join(k for k in ("hedge", "retry") if getattr(policy, k) is not None)
         raise PolicyError(

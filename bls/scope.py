@@ -70,10 +70,11 @@ class Reason(enum.Enum):
 
 class CallContext:
     """What a stage call carries: the deadline, the priority, where its span goes, the
-    request's open streams, and the request's recording when one is kept (immutable; the
-    streams and the recording are the request's own)."""
+    request's open streams, the request's recording when one is kept (immutable; the
+    streams and the recording are the request's own), and, for one call, its affinity
+    key (:mod:`bls.affinity`)."""
 
-    __slots__ = ("deadline", "priority", "record", "span", "streams", "trace")
+    __slots__ = ("deadline", "key", "priority", "record", "span", "streams", "trace")
 
     def __init__(
         self,
@@ -83,6 +84,7 @@ class CallContext:
         streams: OpenStreams | None = None,
         record: Any = None,
         priority: int = 0,
+        key: bytes | None = None,
     ) -> None:
         self.deadline = deadline  # epoch seconds; inf: none
         self.trace = trace  # None: untraced (the runtime records nothing)
@@ -90,6 +92,7 @@ class CallContext:
         self.streams = streams  # None: outside any request (the runtime's own then)
         self.record = record  # a bls.recording.Recorder, or None
         self.priority = priority  # higher first (bls.priority, X-Priority); 0: the default
+        self.key = key  # the replica a call goes to is chosen by it (None: by load)
 
     @property
     def parent(self) -> int:
@@ -106,19 +109,25 @@ class CallContext:
         if deadline >= self.deadline:
             return self
         return CallContext(
-            deadline, self.trace, self.span, self.streams, self.record, self.priority
+            deadline, self.trace, self.span, self.streams, self.record, self.priority, self.key
         )
 
     def under(self, span: Span) -> CallContext:
         """The same, for calls made inside ``span``."""
         return CallContext(
-            self.deadline, self.trace, span, self.streams, self.record, self.priority
+            self.deadline, self.trace, span, self.streams, self.record, self.priority, self.key
         )
 
     def at_priority(self, priority: int) -> CallContext:
         """The same, with calls made at ``priority``."""
         return CallContext(
-            self.deadline, self.trace, self.span, self.streams, self.record, priority
+            self.deadline, self.trace, self.span, self.streams, self.record, priority, self.key
+        )
+
+    def keyed(self, key: bytes | None) -> CallContext:
+        """The same, for one call whose replica ``key`` chooses (:mod:`bls.affinity`)."""
+        return CallContext(
+            self.deadline, self.trace, self.span, self.streams, self.record, self.priority, key
         )
 
     def __repr__(self) -> str:

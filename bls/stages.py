@@ -72,13 +72,14 @@ class Stage(Generic[Req, Resp]):
         idempotent: bool = False,
         hedge: dict[str, Any] | None = None,
         retry: dict[str, Any] | None = None,
+        affinity: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
         self.request = request
         self.response = response
         self.signature = Signature(request=request, response=response, streaming=False)
         # Its traffic policy (docs/policy.md), unless bls.toml gives the stage one.
-        knobs = {"idempotent": idempotent, "hedge": hedge, "retry": retry}
+        knobs = {"idempotent": idempotent, "hedge": hedge, "retry": retry, "affinity": affinity}
         given = {k: v for k, v in knobs.items() if v not in (None, False)}
         try:
             self.policy = (

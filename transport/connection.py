@@ -116,6 +116,11 @@ class Connection:
         self.retired = False
         self.scope: anyio.CancelScope | None = None
 
+    @property
+    def load(self) -> int:
+        """Its calls outstanding (what :func:`bls.affinity.place` balances)."""
+        return len(self.calls)
+
     def close_when_idle(self) -> None:
         if self.retired and not self.calls and self.scope is not None:
             self.scope.cancel()

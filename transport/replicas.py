@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from bls import affinity
 from bls.bindings import Binding
 from bls.config import TransportConfig
 from bls.counts import StageCounts
@@ -280,23 +281,30 @@ class RemoteBinding(Binding):
 
     # -- calls ------------------------------------------------------------------------
 
-    def _pick(self, tried: Sequence[Connection]) -> Connection | None:
+    def _pick(self, tried: Sequence[Connection], key: bytes | None = None) -> Connection | None:
         """The live replica not in ``tried`` with the fewest calls outstanding (in
-        rotation among equals); an ejected one only when no other is left."""
+        rotation among equals), or, for a call with an affinity ``key``, the one the key
+        places on (:func:`bls.affinity.place`); an ejected one only when no other is left."""
         best: Connection | None = None
         ejected: Connection | None = None
         now = time.monotonic()
         n = len(self.connections)
         if not tried:  # a call's first pick (not its retry's, nor a hedge's copy)
             self._rotation += 1
+        ready: list[Connection] = []
         for i in range(n):
             conn = self.connections[(self._rotation + i) % n]
             if not conn.alive or conn.retired or conn in tried:
                 continue
             if not ejection.in_rotation(conn, now):
                 ejected = ejected or conn
+            elif key is not None:
+                ready.append(conn)
             elif best is None or len(conn.calls) < len(best.calls):
                 best = conn
+        if key is not None and self.policy.affinity is not None:
+            outstanding = sum(len(c.calls) for c in self.connections)
+            best = affinity.place(key, ready, self.policy.affinity.balance, outstanding)
         return best or ejected
 
     def _unavailable(self) -> StageError:
@@ -352,9 +360,9 @@ class RemoteBinding(Binding):
         tried: list[Connection] = []
         refusal: Exception | None = None
         while True:
-            conn = self._pick(tried + busy) if busy else self._pick(tried)
+            conn = self._pick(tried + busy, ctx.key) if busy else self._pick(tried, ctx.key)
             if conn is None and busy:
-                conn = self._pick(tried)
+                conn = self._pick(tried, ctx.key)
             if conn is None:
                 raise refusal or self._unavailable()
             if busy is not None:
@@ -405,6 +413,8 @@ class RemoteBinding(Binding):
         if self.signature.streaming:
             return await Binding.call(self, req)
         body = self._request(req)
+        if self.policy.affinity is not None:
+            ctx = ctx.keyed(affinity.key_of(self.policy.affinity, req))
         if self.policy.repeats:
             rest = await attempts.call(self, body, ctx)
         else:
@@ -434,6 +444,8 @@ class RemoteBinding(Binding):
             raise self._unavailable()
         if not self.signature.streaming:
             return Binding.stream(self, req)
+        if self.policy.affinity is not None:
+            ctx = ctx.keyed(affinity.key_of(self.policy.affinity, req))
         return RemoteStream(self, self._request(req), ctx)
 
 
