@@ -27,6 +27,7 @@ inline or behind ``bls worker``::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -59,13 +60,22 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True):
     """``ttft_ms``: the wait before the first token; ``tpot_ms``: between the next ones.
     ``eos_after``: the tokens after which it would stop by itself (finish ``"stop"``;
     default: twice the prompt's length, at least 8) unless ``ignore_eos``. ``replies``:
-    texts to answer with, one per call in turn (cycling), instead of made-up ones."""
+    texts to answer with, one per call in turn (cycling), instead of made-up ones.
+
+    A simulated prefix cache, as vLLM's: ``prefill_ms`` more before the first token for
+    each prompt token the cache does not hold, the prompt hashed in blocks of
+    ``block_tokens`` (each block's hash chained to the one before), ``prefix_cache``
+    blocks kept (least recently used out; 0: no cache, every token prefilled). The first
+    item says how many prompt tokens were cached (``cached_tokens``)."""
 
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
     eos_after: int | None = None
     words: list[str] = msgspec.field(default_factory=lambda: list(WORDS))
     replies: list[str] = []
+    prefill_ms: float = 0.0
+    prefix_cache: int = 0
+    block_tokens: int = 16
 
 
 _ids = itertools.count(1)
@@ -82,6 +92,7 @@ class FakeLLM(bls.Worker):
         self.generated = 0  # tokens produced, all calls together
         self.calls = 0
         self._running = 0
+        self._cache = _PrefixCache(self.options.prefix_cache, self.options.block_tokens)
 
     async def setup(self) -> None:
         # Prompt embeddings arrive as tensors, as they do at the vLLM worker: the codec
@@ -121,9 +132,11 @@ class FakeLLM(bls.Worker):
         request_id = f"fake-{os.getpid()}-{next(_ids)}"
         text = ""
         finished = False
+        words = _prompt_words(req) if opts.prefix_cache > 0 else []
+        cached = self._cache.held(words)
         self._running += 1
         try:
-            await anyio.sleep(opts.ttft_ms / 1000)
+            await anyio.sleep((opts.ttft_ms + opts.prefill_ms * (len(prompt) - cached)) / 1000)
             for n in range(req.max_tokens):
                 if n:
                     await anyio.sleep(opts.tpot_ms / 1000)
@@ -134,17 +147,21 @@ class FakeLLM(bls.Worker):
                     finish = _finish(req, n + 1, eos, text)
                 else:
                     piece, token = whole[4 * n : 4 * n + 4], n
+                    text += piece
                     finish = "stop" if 4 * n + 4 >= len(whole) else None
                     finish = finish or ("length" if n + 1 >= req.max_tokens else None)
                 self.generated += 1
                 item = GenerateItem(text=piece, token_ids=[token], finish_reason=finish)
                 if n == 0:
                     item.prompt_tokens = len(prompt)
+                    item.cached_tokens = cached
                 if req.logprobs is not None:
                     item.logprobs = [_logprob(piece, req.logprobs)]
                 finished = finish is not None
                 yield item
                 if finished:
+                    # The answer's blocks stay cached too: the next turn's prompt has it.
+                    self._cache.held(words + text.split())
                     return
         finally:
             self._running -= 1
@@ -225,6 +242,49 @@ def _prompt_tokens(req: GenerateRequest) -> list[int]:
         else " ".join(m["content"] for m in conversation(req.messages or []))
     )
     return [0] * len(text.split())
+
+
+class _PrefixCache:
+    """Blocks of ``block_tokens`` tokens, each known by a hash chained to the blocks
+    before it (so a block is held only with its whole prefix), ``capacity`` of them, the
+    least recently used out first (vLLM's prefix cache, without the memory)."""
+
+    def __init__(self, capacity: int, block_tokens: int) -> None:
+        self.capacity = capacity
+        self.size = max(1, block_tokens)
+        self._blocks: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+
+    def held(self, tokens: list[Any]) -> int:
+        """How many of ``tokens`` (whole blocks from the start) were held; all of their
+        whole blocks are held from now on."""
+        if self.capacity <= 0:
+            return 0
+        chain, cached, hit = b"", 0, True
+        for start in range(0, len(tokens) - self.size + 1, self.size):
+            block = msgspec.json.encode(tokens[start : start + self.size])
+            chain = hashlib.blake2b(chain + block, digest_size=16).digest()
+            if hit and chain in self._blocks:
+                cached += self.size
+                self._blocks.move_to_end(chain)
+                continue
+            hit = False
+            self._blocks[chain] = None
+            self._blocks.move_to_end(chain)
+            if len(self._blocks) > self.capacity:
+                self._blocks.popitem(last=False)
+        return cached
+
+
+def _prompt_words(req: GenerateRequest) -> list[Any]:
+    """The prompt's tokens as the prefix cache hashes them: its words, or its ids
+    (embeddings: none, they are never cached)."""
+    if req.token_ids is not None:
+        return list(req.token_ids)
+    if req.prompt is not None:
+        return req.prompt.split()
+    if req.messages is not None:
+        return " ".join(m["content"] for m in conversation(req.messages)).split()
+    return []
 
 
 def _rows(embeds: Any) -> int:

@@ -41,6 +41,7 @@ __all__ = [
     "VllmOptions",
     "VllmWorker",
     "from_chat",
+    "prefix_key",
 ]
 
 log = logging.getLogger("bls.models.vllm")
@@ -111,7 +112,8 @@ class TokenLogprob(bls.Message):
 
 class GenerateItem(bls.Message):
     """What one step of the engine produced: the new text and its token ids; on the
-    first item, how many tokens the prompt had; on the last, why generation ended
+    first item, how many tokens the prompt had and how many of them the engine's prefix
+    cache held (``cached_tokens``, where it says); on the last, why generation ended
     (``"stop"``, ``"length"``); with ``logprobs`` asked for, each new token's. The chat
     endpoint reads them all (usage, finish reason, logprobs)."""
 
@@ -120,6 +122,41 @@ class GenerateItem(bls.Message):
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     logprobs: list[TokenLogprob] | None = None
+    cached_tokens: int | None = None
+
+
+PREFIX_CHARS = 1024  # a text prompt's key: its first characters
+PREFIX_TOKENS = 256  # a token-id prompt's key: its first ids
+
+
+def prefix_key(req: Any) -> bytes | None:
+    """An affinity key for an LLM stage (``affinity = { function =
+    "bls.models.vllm:prefix_key" }``, :mod:`bls.affinity`): what the turns of one
+    conversation share, so that they go where their prefix is cached — its messages up
+    to and including the first user message; a text prompt's first
+    :data:`PREFIX_CHARS` characters; a token-id prompt's first :data:`PREFIX_TOKENS` ids.
+    None (placed by load) for prompt embeddings. Takes a :class:`GenerateRequest` or the
+    same as a dict (a script in the untyped style)."""
+
+    def get(name: str) -> Any:
+        return req.get(name) if isinstance(req, dict) else getattr(req, name, None)
+
+    messages = get("messages")
+    if messages is not None:
+        shared = []
+        for message in messages:
+            shared.append(message)
+            role = message.get("role") if isinstance(message, dict) else message.role
+            if role == "user":
+                break
+        return msgspec.json.encode(shared)
+    prompt = get("prompt")
+    if prompt is not None:
+        return str(prompt)[:PREFIX_CHARS].encode()
+    token_ids = get("token_ids")
+    if token_ids is not None:
+        return msgspec.json.encode(list(token_ids)[:PREFIX_TOKENS])
+    return None
 
 
 def from_chat(req: bls.ChatRequest, **overrides: Any) -> GenerateRequest:
@@ -320,6 +357,7 @@ class VllmWorker(bls.Worker):
                 if first:
                     first = False
                     item.prompt_tokens = len(out.prompt_token_ids or ())
+                    item.cached_tokens = out.num_cached_tokens
                 yield item
         finally:
             if not finished:
