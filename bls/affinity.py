@@ -5,6 +5,7 @@ the same replicas picks the same one for a key without talking to the others.
 ``[stages.NAME]`` in ``bls.toml`` (or ``bls.Stage(..., affinity=...)``)::
 
     affinity = { field = "session" }               # a field of the stage's request
+    affinity = { header = "X-Session-Id" }         # a header of the HTTP request
     affinity = { function = "keys.py:session_of" } # a function of the request
     affinity = { field = "session", balance = 1.25 }
 
@@ -14,7 +15,8 @@ calls outstanding (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with 
 Loads", 2018): a hot key spills to its next choice rather than swamp one replica, and a
 replica that joins or leaves moves only the keys it wins or held. A call with no key (the
 field unset, the function's None) is placed as any other call, on the replica with the
-fewest calls outstanding.
+fewest calls outstanding. A header keys only the calls made for an HTTP request (``bls
+serve``); others have no key.
 """
 
 from __future__ import annotations
@@ -27,21 +29,25 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
+from .scope import NO_CONTEXT, CallContext
+
 __all__ = ["Affinity", "Placed", "key_of", "place"]
 
 
 class Affinity(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, dict=True):
-    """Where a call's key comes from (one of ``field`` and ``function``), and how far
+    """Where a call's key comes from (one of ``field``, ``header`` and ``function``), and how far
     above the mean load its replica may be before the key spills (``balance`` ≥ 1)."""
 
     field: str | None = None
+    header: str | None = None  # of the HTTP request the call is made for
     function: str | None = None  # "module:attr" or "file.py:attr"
     balance: Annotated[float, msgspec.Meta(ge=1.0, le=100.0)] = 1.25
 
     def __post_init__(self) -> None:
-        if (self.field is None) == (self.function is None):
-            raise ValueError("give one of field or function")
+        if sum(source is not None for source in (self.field, self.header, self.function)) != 1:
+            raise ValueError("give one of field, header or function")
         self._key: Callable[[Any], Any] | None = None
+        self._header = self.header.lower().encode() if self.header is not None else b""
 
     def use(self, function: Callable[[Any], Any]) -> None:
         """The function ``function`` names, as whoever read it resolved it (bls.toml's
@@ -60,9 +66,12 @@ class Affinity(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, dict=Tr
         return self._key
 
 
-def key_of(affinity: Affinity, req: Any) -> bytes | None:
-    """The key of a request (its field, or what the function says; None: no key), as
-    bytes: a string's UTF-8, bytes themselves, anything else its JSON."""
+def key_of(affinity: Affinity, req: Any, ctx: CallContext = NO_CONTEXT) -> bytes | None:
+    """The key of a call (its request's field, the header of the HTTP request it is made
+    for, or what the function says of its request; None: no key), as bytes: a string's
+    UTF-8, bytes themselves, anything else its JSON."""
+    if affinity.header is not None:
+        return next((bytes(v) for k, v in ctx.headers if k == affinity._header), None)
     if affinity.function is not None:
         value = affinity.key_function()(req)
     elif isinstance(req, dict):  # (the README's untyped style: the request as a dict)

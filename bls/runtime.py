@@ -389,7 +389,10 @@ async def _streams_closed() -> AsyncIterator[None]:
         yield
         return
     streams = OpenStreams()
-    token = enter(CallContext(ctx.deadline, ctx.trace, ctx.span, streams, ctx.record, ctx.priority))
+    inner = CallContext(
+        ctx.deadline, ctx.trace, ctx.span, streams, ctx.record, ctx.priority, headers=ctx.headers
+    )
+    token = enter(inner)
     try:
         yield
     finally:
@@ -407,6 +410,7 @@ def _own_scope(entry: Script, ctx: CallContext, timeout: float | None) -> Reques
         carried=ctx.deadline,
         record=ctx.record,
         priority=ctx.priority,
+        headers=ctx.headers,
     )
     if timeout is not None:
         scope.expire_after(timeout)

@@ -23,7 +23,7 @@ import enum
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -71,10 +71,11 @@ class Reason(enum.Enum):
 class CallContext:
     """What a stage call carries: the deadline, the priority, where its span goes, the
     request's open streams, the request's recording when one is kept (immutable; the
-    streams and the recording are the request's own), and, for one call, its affinity
+    streams and the recording are the request's own), the HTTP request's headers (a
+    served request's: an affinity may be keyed by one), and, for one call, its affinity
     key (:mod:`bls.affinity`)."""
 
-    __slots__ = ("deadline", "key", "priority", "record", "span", "streams", "trace")
+    __slots__ = ("deadline", "headers", "key", "priority", "record", "span", "streams", "trace")
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class CallContext:
         record: Any = None,
         priority: int = 0,
         key: bytes | None = None,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         self.deadline = deadline  # epoch seconds; inf: none
         self.trace = trace  # None: untraced (the runtime records nothing)
@@ -93,6 +95,7 @@ class CallContext:
         self.record = record  # a bls.recording.Recorder, or None
         self.priority = priority  # higher first (bls.priority, X-Priority); 0: the default
         self.key = key  # the replica a call goes to is chosen by it (None: by load)
+        self.headers = headers  # (lower-case name, value), as the server read them
 
     @property
     def parent(self) -> int:
@@ -109,26 +112,30 @@ class CallContext:
         if deadline >= self.deadline:
             return self
         return CallContext(
-            deadline, self.trace, self.span, self.streams, self.record, self.priority, self.key
-        )
+            deadline, self.trace, self.span, self.streams, self.record, self.priority,
+            self.key, self.headers,
+        )  # fmt: skip
 
     def under(self, span: Span) -> CallContext:
         """The same, for calls made inside ``span``."""
         return CallContext(
-            self.deadline, self.trace, span, self.streams, self.record, self.priority, self.key
-        )
+            self.deadline, self.trace, span, self.streams, self.record, self.priority,
+            self.key, self.headers,
+        )  # fmt: skip
 
     def at_priority(self, priority: int) -> CallContext:
         """The same, with calls made at ``priority``."""
         return CallContext(
-            self.deadline, self.trace, self.span, self.streams, self.record, priority, self.key
-        )
+            self.deadline, self.trace, self.span, self.streams, self.record, priority,
+            self.key, self.headers,
+        )  # fmt: skip
 
     def keyed(self, key: bytes | None) -> CallContext:
         """The same, for one call whose replica ``key`` chooses (:mod:`bls.affinity`)."""
         return CallContext(
-            self.deadline, self.trace, self.span, self.streams, self.record, self.priority, key
-        )
+            self.deadline, self.trace, self.span, self.streams, self.record, self.priority,
+            key, self.headers,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         trace = self.trace.id if self.trace is not None else None
@@ -215,6 +222,7 @@ class RequestScope:
         record: Any = None,
         priority: int = 0,
         timeout: float | None = None,
+        headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         self.id = request_id
         self._carried = _not_nan(carried)
@@ -228,7 +236,9 @@ class RequestScope:
         if timeout is not None and math.isfinite(_not_nan(timeout)):  # (made at once)
             deadline = min(carried, time.time() + timeout)
             self._deadline.after(timeout)
-        self.ctx = CallContext(deadline, trace, span, OpenStreams(), record, priority)
+        self.ctx = CallContext(
+            deadline, trace, span, OpenStreams(), record, priority, None, headers
+        )
 
     def expire_at(self, wall: float) -> None:
         """Set the deadline to ``wall`` (epoch seconds; inf: none). ValueError for NaN,
@@ -255,8 +265,9 @@ class RequestScope:
         """The deadline stage calls carry from now on (a cancel stays a cancel)."""
         ctx = self.ctx
         self.ctx = CallContext(
-            min(wall, self._carried), ctx.trace, ctx.span, ctx.streams, ctx.record, ctx.priority
-        )
+            min(wall, self._carried), ctx.trace, ctx.span, ctx.streams, ctx.record, ctx.priority,
+            headers=ctx.headers,
+        )  # fmt: skip
         if self._token is not None and not self._exited:
             _context.set(self.ctx)  # this task's context, undone on exit with the rest
 
@@ -346,7 +357,9 @@ async def traced_call(
     assert trace is not None
     # (ctx.parent, ctx.under(span) and what _inside does, written out: this is per call)
     span = trace.open(name, 0 if ctx.span is None else ctx.span.id, description)
-    inner = CallContext(ctx.deadline, trace, span, ctx.streams, ctx.record, ctx.priority)
+    inner = CallContext(
+        ctx.deadline, trace, span, ctx.streams, ctx.record, ctx.priority, headers=ctx.headers
+    )
     token = _context.set(inner)
     try:
         result = await invoke(req, inner)

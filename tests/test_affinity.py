@@ -96,7 +96,7 @@ def test_the_key_is_what_a_function_says_and_anything_but_text_is_its_json() -> 
 def test_an_affinity_that_cannot_be_is_refused_naming_the_stage_and_the_field(
     tmp_path: Path,
 ) -> None:
-    with pytest.raises(PolicyError, match=r"stage 'llm': .*give one of field or function"):
+    with pytest.raises(PolicyError, match=r"stage .llm.: .*give one of field, header or function"):
         policy_from("llm", {"affinity": {"field": "a", "function": "m:f"}})
     with pytest.raises(PolicyError, match=r"stage 'llm': affinity.balance"):
         policy_from("llm", {"affinity": {"field": "a", "balance": 0.5}})
@@ -129,3 +129,16 @@ def test_a_typed_handle_takes_an_affinity_where_bls_toml_gives_none() -> None:
     handle = bls.Stage("llm", Turn, Turn, affinity={"field": "session"})
     assert handle.policy is not None and handle.policy.affinity is not None
     assert key_of(handle.policy.affinity, Turn(session="s9")) == b"s9"
+
+
+def test_the_key_is_a_header_of_the_http_request_the_call_is_made_for() -> None:
+    from bls.scope import CallContext
+
+    affinity = policy_from("llm", {"affinity": {"header": "X-Session-Id"}}).affinity
+    assert affinity is not None
+    served = CallContext(headers=[(b"accept", b"*/*"), (b"x-session-id", b"abc")])
+    assert key_of(affinity, {"session": "ignored"}, served) == b"abc"
+    assert key_of(affinity, {}, CallContext()) is None  # not made for an HTTP request
+    # The request's headers reach every call made under it, as its deadline does.
+    derived = served.within(1.0).at_priority(2).keyed(b"k")
+    assert derived.headers == served.headers

@@ -414,7 +414,7 @@ class RemoteBinding(Binding):
             return await Binding.call(self, req)
         body = self._request(req)
         if self.policy.affinity is not None:
-            ctx = ctx.keyed(affinity.key_of(self.policy.affinity, req))
+            ctx = ctx.keyed(affinity.key_of(self.policy.affinity, req, ctx))
         if self.policy.repeats:
             rest = await attempts.call(self, body, ctx)
         else:
@@ -445,7 +445,7 @@ class RemoteBinding(Binding):
         if not self.signature.streaming:
             return Binding.stream(self, req)
         if self.policy.affinity is not None:
-            ctx = ctx.keyed(affinity.key_of(self.policy.affinity, req))
+            ctx = ctx.keyed(affinity.key_of(self.policy.affinity, req, ctx))
         return RemoteStream(self, self._request(req), ctx)
 
 

@@ -131,6 +131,7 @@ class Request:
             record=record,
             timeout=timeout,
             priority=priority,
+            headers=headers.raw,
         )
         self.phase = Phase.READING
         # Its clocks (:class:`Clocks`): whether it has run past its first moments, and
@@ -375,9 +376,10 @@ async def _rest_of_body(message: Message, receive: Receive, limit: int, size: in
 class Headers:
     """The request headers bls reads, found in one pass over the request's headers."""
 
-    __slots__ = ("accept", "content_length", "priority", "request_id", "tenant", "timeout")
+    __slots__ = ("accept", "content_length", "priority", "raw", "request_id", "tenant", "timeout")
 
     def __init__(self, scope: Scope) -> None:
+        self.raw = scope["headers"]  # all of them (an affinity may be keyed by any)
         self.content_length: bytes | None = None
         self.request_id: bytes | None = None
         self.timeout: bytes | None = None

@@ -1,6 +1,6 @@
 """Affinity by key across frontends that share nothing: two `bls serve` processes, three
-`bls worker` replicas, a session always on the same replica from either frontend; a
-replica that dies moves only its own sessions."""
+`bls worker` replicas, a session (a request field, or an HTTP header) always on the same
+replica from either frontend; a replica that dies moves only its own sessions."""
 
 from __future__ import annotations
 
@@ -31,20 +31,26 @@ def workers() -> Iterator[list[Proc]]:
             stop(proc.popen)
 
 
-def _frontend(tmp_path: Path, name: str, addresses: list[str]) -> Proc:
+def _frontend(
+    tmp_path: Path, name: str, addresses: list[str], source: str = 'field = "marker"'
+) -> Proc:
     config = tmp_path / f"{name}.toml"
-    config.write_text(
-        f'[stages.whoami]\nremote = {addresses!r}\naffinity = {{ field = "marker" }}\n'.replace(
-            "'", '"'
-        )
-    )
+    remote = ", ".join(f'"{a}"' for a in addresses)
+    config.write_text(f"[stages.whoami]\nremote = [{remote}]\naffinity = {{ {source} }}\n")
     return start(["serve", SCRIPT, "--port", "0", "--config", str(config)])
 
 
-def _pids(frontend: Proc) -> dict[str, int]:
+def _pids(frontend: Proc, header: str | None = None) -> dict[str, int]:
+    """Each session's replica: the session in the request's field, or (``header``) in
+    that header of requests whose bodies are all alike."""
     with httpx.Client(base_url=frontend.address, timeout=30) as client:
         return {
-            s: client.post("/v1/scripts/which", json={"session": s}).json()["pid"] for s in SESSIONS
+            s: client.post(
+                "/v1/scripts/which",
+                json={"session": "same" if header else s},
+                headers={header: s} if header else {},
+            ).json()["pid"]
+            for s in SESSIONS
         }
 
 
@@ -76,6 +82,22 @@ def test_a_session_stays_on_one_replica_from_every_frontend(
         after = _pids(two)
         assert {s for s in SESSIONS if after[s] != first[s]} == moved  # only its own
         assert _pids(one) == after
+    finally:
+        stop(one.popen)
+        stop(two.popen)
+
+
+def test_a_session_header_keeps_a_session_on_one_replica(
+    tmp_path: Path, workers: list[Proc]
+) -> None:
+    addresses = [w.address for w in workers]
+    source = 'header = "X-Session-Id"'
+    one = _frontend(tmp_path, "one", addresses, source)
+    two = _frontend(tmp_path, "two", addresses[::-1], source)
+    try:
+        first = _pids(one, "X-Session-Id")
+        assert _pids(two, "X-Session-Id") == first
+        assert len(set(first.values())) == 3  # by the header, not the (same) body
     finally:
         stop(one.popen)
         stop(two.popen)
