@@ -29,6 +29,7 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
+from .messages import field_of
 from .scope import NO_CONTEXT, CallContext
 
 __all__ = ["Affinity", "Placed", "key_of", "place"]
@@ -74,10 +75,8 @@ def key_of(affinity: Affinity, req: Any, ctx: CallContext = NO_CONTEXT) -> bytes
         return next((bytes(v) for k, v in ctx.headers if k == affinity._header), None)
     if affinity.function is not None:
         value = affinity.key_function()(req)
-    elif isinstance(req, dict):  # (the README's untyped style: the request as a dict)
-        value = req.get(affinity.field)
     else:
-        value = getattr(req, affinity.field or "", None)
+        value = field_of(req, affinity.field or "")
     if value is None:
         return None
     if isinstance(value, str):

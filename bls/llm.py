@@ -20,6 +20,7 @@ import msgspec
 
 from .constraints import Constraint, constraint_for, decode_output
 from .conversation import ChatMessage
+from .messages import field_of
 from .stages import stage
 from .tools import Tool, choice_schema, decode_reply, tool_of, tool_specs
 
@@ -94,10 +95,6 @@ async def _generate(name: str, request: dict[str, Any]) -> tuple[str, str | None
     parts: list[str] = []
     finish = None
     async for item in stage.stream(name, request):
-        if isinstance(item, dict):
-            parts.append(item.get("text") or "")
-            finish = item.get("finish_reason") or finish
-        else:
-            parts.append(getattr(item, "text", "") or "")
-            finish = getattr(item, "finish_reason", None) or finish
+        parts.append(field_of(item, "text") or "")
+        finish = field_of(item, "finish_reason") or finish
     return "".join(parts), finish

@@ -31,6 +31,7 @@ __all__ = [
     "beyond_limits",
     "compatible",
     "convert",
+    "field_of",
     "signature_of",
     "type_name",
 ]
@@ -207,6 +208,15 @@ def _to_builtins(value: Any) -> Any:
     except TypeError:
         # Arrays and tensors: left as they are, as the wire hands them over.
         return value
+
+
+def field_of(value: Any, name: str) -> Any:
+    """``value``'s field ``name``, None when it has none: an attribute of a typed value,
+    a key of a dict (what the README's untyped style hands over where typed code gets
+    a struct), read alike."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
 
 
 def convert(value: Any, tp: Any) -> Any:

@@ -25,7 +25,7 @@ import anyio.abc
 
 from .bindings import Binding
 from .counts import StageCounts
-from .messages import Signature
+from .messages import Signature, field_of
 from .policy import Policy
 from .runtime import BindingError
 from .scope import NO_CONTEXT, CallContext
@@ -134,7 +134,7 @@ class VersionedBinding(Binding):
         when none is), at a point fixed by the sticky field's value, else at random."""
         live = [v for v in self.versions if v.binding.ready()] or self.versions
         bounds = list(itertools.accumulate(v.weight for v in live))
-        point = _point(_field(req, self.sticky)) if self.sticky else random.random()
+        point = _point(field_of(req, self.sticky)) if self.sticky else random.random()
         return live[min(len(live) - 1, bisect.bisect_right(bounds, point * bounds[-1]))]
 
     async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
@@ -154,13 +154,6 @@ class VersionedBinding(Binding):
         if ctx.trace is not None and ctx.span is not None:
             ctx.span.version = version.label
         return version
-
-
-def _field(req: Any, name: str | None) -> Any:
-    """The sticky key: a field of the request (an attribute, or a key of a mapping)."""
-    if isinstance(req, dict):
-        return req.get(name)
-    return getattr(req, name or "", None)
 
 
 def _point(value: Any) -> float:

@@ -29,6 +29,7 @@ import msgspec
 
 import bls
 from bls.conversation import conversation
+from bls.messages import field_of
 
 from .noise import quiet_engines, verbose
 
@@ -137,23 +138,18 @@ def prefix_key(req: Any) -> bytes | None:
     :data:`PREFIX_CHARS` characters; a token-id prompt's first :data:`PREFIX_TOKENS` ids.
     None (placed by load) for prompt embeddings. Takes a :class:`GenerateRequest` or the
     same as a dict (a script in the untyped style)."""
-
-    def get(name: str) -> Any:
-        return req.get(name) if isinstance(req, dict) else getattr(req, name, None)
-
-    messages = get("messages")
+    messages = field_of(req, "messages")
     if messages is not None:
         shared = []
         for message in messages:
             shared.append(message)
-            role = message.get("role") if isinstance(message, dict) else message.role
-            if role == "user":
+            if field_of(message, "role") == "user":
                 break
         return msgspec.json.encode(shared)
-    prompt = get("prompt")
+    prompt = field_of(req, "prompt")
     if prompt is not None:
         return str(prompt)[:PREFIX_CHARS].encode()
-    token_ids = get("token_ids")
+    token_ids = field_of(req, "token_ids")
     if token_ids is not None:
         return msgspec.json.encode(list(token_ids)[:PREFIX_TOKENS])
     return None
