@@ -94,11 +94,17 @@ def read_lines(path: Path) -> Iterator[tuple[int, bytes | None]]:
 
 class Progress:
     """``OUTPUT.progress``: the input's identity, then the finished lines' answers. Opened
-    with what an earlier run finished (where each answer lies in the file)."""
+    with what an earlier run finished (where each answer lies in the file); an OUTPUT
+    with no progress beside it is a finished batch's, or another file: refused."""
 
     def __init__(self, output: Path, ident: dict[str, Any]) -> None:
         self.output = output
         self.path = output.with_name(output.name + ".progress")
+        if output.exists() and not self.path.exists():
+            raise BatchError(
+                f"{output} exists and no batch into it is under way: it is a finished "
+                "batch's output or another file; remove it to run the batch (again)"
+            )
         self.done: dict[int, tuple[int, int]] = {}  # line -> (offset, length) in the file
         self.errors = 0
         self._file: BinaryIO

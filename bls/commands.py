@@ -69,19 +69,13 @@ def batch(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .batchfile import BatchError, run_batch, survey
     from .batchfile import Progress as Done
+    from .batchfile import run_batch, survey
 
     claim_stdout()
     setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
     source, output = Path(args.input), Path(args.output)
     ident, requests = survey(source)
-    progress_file = output.with_name(output.name + ".progress")
-    if output.exists() and not progress_file.exists():
-        raise BatchError(
-            f"{output} exists and no batch into it is under way: it is a finished batch's "
-            "output or another file; remove it to run the batch (again)"
-        )
     enter = _batch_call(args)
     done = Done(output, ident)
     console = Console(stderr=True)
