@@ -291,20 +291,21 @@ class RemoteBinding(Binding):
         n = len(self.connections)
         if not tried:  # a call's first pick (not its retry's, nor a hedge's copy)
             self._rotation += 1
-        ready: list[Connection] = []
+        placing = self.policy.affinity if key is not None else None
+        ready: list[Connection] = []  # (in rotation, for placing by key)
         for i in range(n):
             conn = self.connections[(self._rotation + i) % n]
             if not conn.alive or conn.retired or conn in tried:
                 continue
             if not ejection.in_rotation(conn, now):
                 ejected = ejected or conn
-            elif key is not None:
+            elif placing is not None:
                 ready.append(conn)
             elif best is None or len(conn.calls) < len(best.calls):
                 best = conn
-        if key is not None and self.policy.affinity is not None:
+        if placing is not None and key is not None:
             outstanding = sum(len(c.calls) for c in self.connections)
-            best = affinity.place(key, ready, self.policy.affinity.balance, outstanding)
+            best = affinity.place(key, ready, placing.balance, outstanding)
         return best or ejected
 
     def _unavailable(self) -> StageError:
