@@ -117,7 +117,8 @@ class FakeLLM(bls.Worker):
             async for item in tokens:
                 last.text += item.text
                 last.token_ids += item.token_ids
-                last.prompt_tokens = last.prompt_tokens or item.prompt_tokens
+                if item.prompt_tokens is not None:  # (the first item's)
+                    last.prompt_tokens, last.cached_tokens = item.prompt_tokens, item.cached_tokens
                 last.finish_reason = item.finish_reason
                 if item.logprobs is not None:
                     last.logprobs = (last.logprobs or []) + item.logprobs
@@ -132,7 +133,7 @@ class FakeLLM(bls.Worker):
         request_id = f"fake-{os.getpid()}-{next(_ids)}"
         text = ""
         finished = False
-        words = _prompt_words(req) if opts.prefix_cache > 0 else []
+        words = prompt if req.prompt_embeds is None else []  # (what the cache may hold)
         cached = self._cache.held(words)
         self._running += 1
         try:
@@ -224,8 +225,9 @@ def _prompt_key(req: GenerateRequest) -> bytes:
     return msgspec.json.encode(embeds)
 
 
-def _prompt_tokens(req: GenerateRequest) -> list[int]:
-    """The prompt as the engine would count it: words, token ids, or embedding rows."""
+def _prompt_tokens(req: GenerateRequest) -> list[Any]:
+    """The prompt as the engine would count it (and its prefix cache hash it): words,
+    token ids, or embedding rows (each a 0: rows are never cached)."""
     kinds = ("prompt", "messages", "token_ids", "prompt_embeds")
     given = [name for name in kinds if getattr(req, name) is not None]
     if len(given) != 1:
@@ -241,7 +243,7 @@ def _prompt_tokens(req: GenerateRequest) -> list[int]:
         if req.prompt is not None
         else " ".join(m["content"] for m in conversation(req.messages or []))
     )
-    return [0] * len(text.split())
+    return text.split()
 
 
 class _PrefixCache:
@@ -273,18 +275,6 @@ class _PrefixCache:
             if len(self._blocks) > self.capacity:
                 self._blocks.popitem(last=False)
         return cached
-
-
-def _prompt_words(req: GenerateRequest) -> list[Any]:
-    """The prompt's tokens as the prefix cache hashes them: its words, or its ids
-    (embeddings: none, they are never cached)."""
-    if req.token_ids is not None:
-        return list(req.token_ids)
-    if req.prompt is not None:
-        return req.prompt.split()
-    if req.messages is not None:
-        return " ".join(m["content"] for m in conversation(req.messages)).split()
-    return []
 
 
 def _rows(embeds: Any) -> int:

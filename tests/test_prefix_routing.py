@@ -82,3 +82,12 @@ def test_an_llm_stage_routes_by_prefix_through_its_affinity_function() -> None:
     assert affinity is not None
     one, two = turns("hello there", 2)
     assert key_of(affinity, {"messages": one}) == key_of(affinity, {"messages": two})
+
+
+async def test_the_whole_answer_as_one_item_says_what_was_cached_too() -> None:
+    llm = FakeLLM(FakeOptions(prefix_cache=1000, block_tokens=4))
+    messages = [bls.ChatMessage(**m) for m in turns("what is two and two", 1)[0]]
+    for _ in range(2):
+        req = GenerateRequest(messages=messages, max_tokens=3, stream=False)
+        (whole,) = [item async for item in llm(req)]
+    assert whole.prompt_tokens and whole.cached_tokens == whole.prompt_tokens // 4 * 4
