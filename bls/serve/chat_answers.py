@@ -13,6 +13,7 @@ text is its tool calls (:func:`.chat.tool_calls`), sent whole in one chunk at it
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -114,10 +115,18 @@ async def _collect(runtime: Runtime, entry: Script, req: Any, transcript: Transc
     async def add(item: Any) -> None:
         transcript.add(item)
 
+    await _feed(runtime, entry, req, add)
+
+
+async def _feed(
+    runtime: Runtime, entry: Script, req: Any, sink: Callable[[Any], Awaitable[None]]
+) -> None:
+    """Each item of one run to ``sink``: a streaming entry's as it yields them, a unary
+    chat entry's answer as its one item."""
     if entry.streaming:
-        await runtime.feed(entry, req, add)
+        await runtime.feed(entry, req, sink)
     else:
-        transcript.add(await runtime.run(entry, req))
+        await sink(await runtime.run(entry, req))
 
 
 class _Stream:
@@ -157,10 +166,7 @@ class _Stream:
                 frame = chunks.role(index) + frame
             await self._send(frame)
 
-        if entry.streaming:
-            await runtime.feed(entry, req, sink)
-        else:  # a unary chat entry: its answer is the one item
-            await sink(await runtime.run(entry, req))
+        await _feed(runtime, entry, req, sink)
         last = b"" if opened else chunks.role(index)
         if self.mode is not None:
             made = chat.tool_calls(entry.name, req, self.mode, transcript)
