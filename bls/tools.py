@@ -22,7 +22,15 @@ from .conversation import ChatMessage
 from .errors import ErrorKind, StageError
 from .messages import type_name
 
-__all__ = ["Tool", "ToolCall", "choice_schema", "decode_reply", "tool_of", "tool_specs"]
+__all__ = [
+    "Tool",
+    "ToolCall",
+    "call_entry",
+    "choice_schema",
+    "decode_reply",
+    "tool_of",
+    "tool_specs",
+]
 
 
 class Tool:
@@ -67,15 +75,18 @@ class ToolCall(msgspec.Struct, kw_only=True):
     def message(self) -> ChatMessage:
         """The assistant's turn that made this call (OpenAI's shape)."""
         arguments = msgspec.json.encode(self.arguments).decode()
-        function = {"name": self.name, "arguments": arguments}
-        return ChatMessage(
-            role="assistant", tool_calls=[{"id": self.id, "type": "function", "function": function}]
-        )
+        return ChatMessage(role="assistant", tool_calls=[call_entry(self.id, self.name, arguments)])
 
     def result(self, value: Any) -> ChatMessage:
         """The tool's answer, as the ``tool`` turn that follows :meth:`message`."""
         content = value if isinstance(value, str) else msgspec.json.encode(value).decode()
         return ChatMessage(role="tool", tool_call_id=self.id, content=content)
+
+
+def call_entry(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """One entry of an assistant message's ``tool_calls``, in OpenAI's shape
+    (``arguments``: the JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def tool_specs(tools: Sequence[Tool]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ import msgspec
 from ..chat_request import ChatRequest, ToolMode
 from ..conversation import conversation
 from ..errors import ErrorKind, InvalidRequest, StageError
+from ..tools import call_entry
 
 __all__ = [
     "ChatChunks",
@@ -182,12 +183,7 @@ def tool_calls(
 
 
 def _call(name: str, arguments: str) -> dict[str, Any]:
-    function = {"name": name, "arguments": arguments}
-    return {
-        "id": "chatcmpl-tool-" + secrets.token_hex(16),
-        "type": "function",
-        "function": function,
-    }
+    return call_entry("chatcmpl-tool-" + secrets.token_hex(16), name, arguments)  # (vLLM's ids)
 
 
 def finish_of(transcript: Transcript, mode: ToolMode | None) -> str:
