@@ -76,13 +76,14 @@ def test_a_client_that_leaves_cancels_the_engine_request_and_the_server_serves_o
 ) -> None:
     """An agent run whose client leaves mid-run: the request ends at once, the engine
     holds nothing, and a new client is served. The client leaves when a lookup has been
-    made (seed 1 makes some), so the cancel lands in the step's generation that follows
-    at once and takes far longer than a tool call: of three runs, at least one must
-    abort there."""
+    made (seed 1 makes some), so the cancel mostly lands in the step's generation that
+    follows at once and takes far longer than a tool call. The model is random: a run
+    whose next step answers quickly may end before its client's leaving is seen, which is
+    no fault; so runs go on (six at most) until one was cancelled in the engine."""
     url = urlsplit(served.address)
     body = json.dumps({"question": "moons?", "max_steps": 1000, "seed": 1}).encode()
-    engine_aborts = 0
-    for _ in range(3):
+    cancels = engine_aborts = 0
+    for _ in range(6):
         before, cancelled = len(_aborts(served)), _metric(served, "bls_cancellations_total")
         with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
             sock.sendall(
@@ -92,11 +93,13 @@ def test_a_client_that_leaves_cancels_the_engine_request_and_the_server_serves_o
             made = _lines(lookups)
             wait_for(lambda m=made: _lines(lookups) > m, timeout=60)
         wait_for(lambda: _metric(served, "bls_requests_in_flight") == 0, timeout=30)
-        assert _metric(served, "bls_cancellations_total") > cancelled
+        cancels += _metric(served, "bls_cancellations_total") > cancelled
         aborts = _aborts(served)[before:]
         assert all(a.rstrip().endswith("(unfinished in the engine now: 0)") for a in aborts)
         engine_aborts += len(aborts)
-    assert engine_aborts >= 1
+        if engine_aborts:
+            break
+    assert cancels >= 1 and engine_aborts >= 1
     assert ask(served, seed=2, max_steps=2)["ended"] in ("answer", "step budget")
 
 
