@@ -34,6 +34,7 @@ from .flags import (
     count,
     seconds,
 )
+from .journal import JournalError
 from .policy import PolicyError
 from .recording import RecordError
 from .replay import Divergence
@@ -140,8 +141,17 @@ def _replay(sub: Any) -> None:
         "(which call, which field, what the record has and what the script gave) when the "
         "script now calls or answers differently.",
     )
-    p.add_argument("file", help="the record")
+    p.add_argument(
+        "file",
+        help="the record: a .blsrec file (bls run --record), or a --record folder of bls "
+        "serve or one of its .blsseg segments, with --id",
+    )
     p.add_argument("script", help="path to the script file")
+    p.add_argument(
+        "--id",
+        metavar="REQUEST_ID",
+        help="the request whose record to replay, in a folder or segment (its X-Request-Id)",
+    )
     p.add_argument("--entry", help="the entry to run (default: the one the record names)")
     add_common_args(p)
     p.set_defaults(handler=commands.replay)
@@ -218,7 +228,8 @@ def _serve(sub: Any) -> None:
         "prints 'ready URL', and starts even if one has no replica yet: /ready answers 503 "
         "naming it, and its calls fail fast with 503, until a replica answers. On "
         "SIGTERM/SIGINT it stops accepting, lets in-flight requests finish within --grace, "
-        "then exits 0.",
+        "then exits 0. A request with 'Prefer: respond-async' is answered 202 at once and "
+        "runs in the background, journaled (--runs): GET/DELETE /v1/runs/ID.",
     )
     p.add_argument("script", help="path to the script file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -238,8 +249,15 @@ def _serve(sub: Any) -> None:
     p.add_argument(
         "--record",
         metavar="DIR",
-        help="write each request's stage calls into DIR, one file per request (ID.blsrec), "
-        "for bls replay",
+        help="write each request's stage calls into DIR, appended to segment files "
+        "(records-*.blsseg) under its request id (bls replay DIR --id ID SCRIPT replays one)",
+    )
+    p.add_argument(
+        "--runs",
+        metavar="URL",
+        help="the store of background runs' journals: sqlite:///PATH, or 'off' (no "
+        "background runs). Default: [runs] store in bls.toml, else "
+        "$XDG_STATE_HOME/bls/runs.sqlite3 (see docs/runs.md)",
     )
     p.add_argument(
         "--model-alias",
@@ -337,7 +355,7 @@ def _describe_error(exc: BaseException) -> str | None:
         return "\nerror: ".join(exc.problems)
     if isinstance(exc, Divergence):
         return f"the script no longer does what the record says: {exc}"
-    if isinstance(exc, RecordError):
+    if isinstance(exc, (RecordError, JournalError)):
         return str(exc)
     return None
 

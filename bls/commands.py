@@ -155,9 +155,9 @@ def replay(args: argparse.Namespace) -> int:
     (exit 0 when it replays as recorded, a request that failed failing the same way)."""
     claim_stdout()
     setup_logging("warning", libraries="warning", verbose=False)
-    for answer in replay_file(args.file, args.script, args.entry):
+    for answer in replay_file(args.file, args.script, args.entry, args.id):
         _write_line(answer)
-    failed = read(args.file).error
+    failed = read(args.file, args.id).error
     if failed is not None:
         logging.getLogger("bls").warning(
             "the request failed as recorded: %s from stage %r: %s",
@@ -288,9 +288,11 @@ def serve(args: argparse.Namespace) -> int:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
-    app = ScriptFile(
-        args.script, config_file=args.config, binds=args.bind, record=bool(args.record)
-    )
+    # Stages record when asked to, and for background runs' journals.
+    record = bool(args.record) or args.runs != "off"
+    app = ScriptFile(args.script, config_file=args.config, binds=args.bind, record=record)
+    if args.runs is not None:
+        app.config.runs.store = args.runs
     _apply_connect_timeout(app.config, args.connect_timeout)
     _apply_discovery(app.config, args)
     _apply_admission(app, args.max_queued, args.max_inflight)

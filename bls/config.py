@@ -19,6 +19,7 @@ import msgspec
 
 from .bindings import Binding
 from .cache import CachedBinding, CacheOptions
+from .journal import anchored
 from .messages import unknown_field_hint
 from .paths import missing
 from .policy import policy_from
@@ -28,6 +29,7 @@ __all__ = [
     "AdmissionConfig",
     "ConfigError",
     "Limit",
+    "RunsConfig",
     "StageConfig",
     "TransportConfig",
     "check_names",
@@ -94,6 +96,23 @@ class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     base: str | None = None  # where ``tenant``'s file is resolved from (not a TOML key)
 
 
+class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``[runs]`` in ``bls.toml``: background runs (docs/runs.md). ``store``: where their
+    journal is kept (``sqlite:///PATH``; none: the default state file; ``"off"``: no
+    background runs, ``Prefer: respond-async`` is then ignored); ``lease_s``: how long a
+    run stays its frontend's without a renewal (a dead frontend's runs are taken over
+    then); ``max_running``: runs at once in a frontend (the rest wait, queued);
+    ``timeout_s``: a run's deadline when its request names none; ``retain_s``,
+    ``retain``: finished runs are forgotten after this long, and past this many."""
+
+    store: str | None = None
+    lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    max_running: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
+    retain_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24 * 3600.0
+    retain: Annotated[int, msgspec.Meta(ge=0)] = 100_000
+
+
 class VersionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One of ``targets = [...]`` (bls/versions.py): a target, its weight, its name."""
 
@@ -152,6 +171,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True):
     stages: dict[str, StageConfig] = {}
     transport: TransportConfig = msgspec.field(default_factory=TransportConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
+    runs: RunsConfig = msgspec.field(default_factory=RunsConfig)
 
 
 def _table_of(raw: dict[str, Any], exc: msgspec.ValidationError) -> str:
@@ -206,6 +226,8 @@ def _read(path: Path) -> Config:
         _check_target(where, stage)
     if config.admission.tenant is not None:
         config.admission.base = str(base)
+    if config.runs.store is not None:
+        config.runs.store = anchored(config.runs.store, base)
     # Key files, like stage targets, are relative to the file that names them.
     transport = config.transport
     for key in ("curve_server_key", "curve_secret"):
@@ -293,6 +315,8 @@ def load_config(
             merged.transport = config.transport
         if config.admission != AdmissionConfig():
             merged.admission = config.admission
+        if config.runs != RunsConfig():
+            merged.runs = config.runs
     for spec in binds:
         name, stage_config = parse_bind(spec)
         previous = merged.stages.get(name)

@@ -37,6 +37,7 @@ class ErrorKind(enum.StrEnum):
     TOO_LARGE = "too_large"
     BAD_FRAME = "bad_frame"
     CACHE_CONFIG = "cache_config"
+    INTERRUPTED = "interrupted"
 
 
 class StageError(Exception):

@@ -1,10 +1,11 @@
 """The writer of ``bls serve --record DIR``: each request's :class:`bls.recording.Record`
-in a file of its own (``DIR/ID.blsrec``), written by a process of its own.
+appended to a segment file (:mod:`bls.segments`: ``DIR/records-*.blsseg``, named by
+request id), written by a process of its own.
 
-Creating a file costs more CPU than serving a request on some file systems, and none of
-that is spent in the serving process or holds its interpreter lock: the request's path
-only encodes the record and queues it; a task pipes what is queued to the writer process
-(:func:`write_files`) in batches. Recording never holds up or stops serving:
+Writing costs CPU, and none of it is spent in the serving process or holds its
+interpreter lock: the request's path only encodes the record and queues it; a task pipes
+what is queued to the writer process (:func:`write_segments`) in batches. Recording
+never holds up or stops serving:
 
 - at most ``backlog_bytes`` of records wait for the writer (a stalled or slow disk, a
   stopped writer); past that a record is dropped, logged and counted;
@@ -13,19 +14,16 @@ only encodes the record and queues it; a task pipes what is queued to the writer
 - leaving (after the server's drain) sends what is queued and waits for the writer to
   write it, for ``finish_s`` at most; then the writer is stopped and what it had not
   written is counted as lost;
-- the writer writes each file whole or not at all (a short write is continued, a failed
-  one logged and its partial file removed), and reports how many it wrote, so the closing
-  line counts records written, not sent.
+- the writer appends each record whole or not at all (a short write is continued, a
+  failed one logged and cut back off its segment), and reports how many it wrote, so the
+  closing line counts records written, not sent.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import logging
-import os
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -34,15 +32,15 @@ import anyio
 import anyio.abc
 
 from .recording import Record, dump
+from .segments import FRAME, Segment
 
-__all__ = ["BACKLOG_BYTES", "RecordWriter", "write_files"]
+__all__ = ["BACKLOG_BYTES", "RecordWriter", "write_segments"]
 
 log = logging.getLogger("bls")
 
 BACKLOG_BYTES = 64 * 1024 * 1024  # records waiting for the writer, at most
 _BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
 _RESTART_S = 1.0  # between a writer's death and its replacement
-_FRAME = struct.Struct("<II")  # a record to the writer: name length, record length
 
 
 class RecordWriter:
@@ -89,11 +87,11 @@ class RecordWriter:
         return sum(w.failed for w in self._writers)
 
     def write(self, name: str, record: Record) -> None:
-        """Queue ``record`` to be written as ``NAME.blsrec`` (never waits; drops it when the
+        """Queue ``record`` to be written under ``name`` (never waits; drops it when the
         backlog is full)."""
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:128].encode()
         data = dump(record)
-        frame = _FRAME.pack(len(safe), len(data)) + safe + data
+        frame = FRAME.pack(len(safe), len(data)) + safe + data
         if self._closing or self._queued_bytes + len(frame) > self.backlog_bytes:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
@@ -228,7 +226,7 @@ class _Writer:
 
     @classmethod
     async def start(cls, folder: Path) -> _Writer:
-        code = "import sys; from bls.record_writer import write_files; write_files(sys.argv[1])"
+        code = "import sys; from bls.record_writer import write_segments as w; w(sys.argv[1])"
         argv = [sys.executable, "-c", code, str(folder)]
         # Its own session: a Ctrl-C at the terminal stops the server, which then closes
         # the writer's input; the writer finishes what it was sent.
@@ -301,50 +299,35 @@ def _check_writable(folder: Path) -> None:
         raise OSError(f"--record {folder}: cannot write records there: {why}") from None
 
 
-def write_files(folder: str | Path) -> int:
-    """The writer process: each record on stdin into ``folder/NAME.blsrec``, until stdin
-    ends; after each, ``WRITTEN FAILED`` on stdout. Returns how many it wrote."""
-    folder = Path(folder)
+def write_segments(folder: str | Path) -> int:
+    """The writer process: each record on stdin (framed as a segment frames it) appended
+    to a segment in ``folder``, until stdin ends; after each, ``WRITTEN FAILED`` on
+    stdout. Returns how many it wrote."""
+    segment = Segment(Path(folder))
     source = sys.stdin.buffer
     counts = sys.stdout.buffer
     written = failed = 0
-    while True:
-        head = source.read(_FRAME.size)
-        if len(head) < _FRAME.size:
-            return written
-        name_len, data_len = _FRAME.unpack(head)
-        name = source.read(name_len).decode(errors="replace")
-        data = source.read(data_len)
-        if len(data) < data_len:
-            return written  # its input ended mid-record: the server was stopped
-        path = folder / f"{name}.blsrec"
-        try:
-            _write_whole(path, data)
-            written += 1
-        except OSError as exc:
-            failed += 1
-            print(f"bls: recording: cannot write {path.name}: {exc}", file=sys.stderr)
-        try:
-            counts.write(b"%d %d\n" % (written, failed))
-            counts.flush()
-        except OSError:
-            pass  # the server stopped reading: it counts what it can
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """All of ``data`` into ``path``, or no file (OSError): a short write goes on from
-    where it stopped; one that fails removes what it wrote."""
-    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            done = os.write(fd, view)
-            if not done:  # (a regular file takes something, or fails)
-                raise OSError(errno.EIO, "the file took none of a write")
-            view = view[done:]
-    except OSError:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    os.close(fd)
+        while True:
+            head = source.read(FRAME.size)
+            if len(head) < FRAME.size:
+                return written
+            name_len, data_len = FRAME.unpack(head)
+            name = source.read(name_len)
+            data = source.read(data_len)
+            if len(name) < name_len or len(data) < data_len:
+                return written  # its input ended mid-record: the server was stopped
+            try:
+                segment.append(head + name + data)
+                written += 1
+            except OSError as exc:
+                failed += 1
+                what = name.decode(errors="replace")
+                print(f"bls: recording: cannot write the record of {what}: {exc}", file=sys.stderr)
+            try:
+                counts.write(b"%d %d\n" % (written, failed))
+                counts.flush()
+            except OSError:
+                pass  # the server stopped reading: it counts what it can
+    finally:
+        segment.close()

@@ -2,7 +2,7 @@
 the request each stage got, each item or the result it gave, its error, and when.
 
 ``bls run --record FILE`` and ``bls serve --record DIR`` keep one :class:`Record` per
-request (in DIR, one file per request, named by its id, written by
+request (in DIR, appended to segment files under its id, :mod:`bls.segments`, by
 :mod:`bls.record_writer`); ``bls replay`` and
 :func:`bls.testing.replay` run the script again with every stage answered from it
 (:mod:`bls.replay`). The file is msgspec-msgpack of :class:`Record` (its ``format`` says
@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from .bindings import Binding, Wrapper
+from .bindings import Wrapper
 from .codec import EXTENSIONS, Codec
 from .errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError
 from .scope import NO_CONTEXT, CallContext
@@ -133,12 +133,15 @@ def _error(stage: str, exc: BaseException) -> RecordedError:
 class Recorder:
     """The record of one request, filled in as it runs."""
 
-    __slots__ = ("_t0", "record")
+    __slots__ = ("_t0", "record", "resume")
 
     def __init__(self, script: str | Path) -> None:
         name, path = _where(script)
         self.record = Record(bls=__version__, script=name, path=path, entry="", started=time.time())
         self._t0 = time.monotonic()
+        # A recovered background run's journal, which answers the calls it finished
+        # before (a bls.resume.Resume; RecordingBinding asks it first); None: all live.
+        self.resume: Any = None
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -160,18 +163,24 @@ class Recorder:
 
     # its stage calls
 
-    def call(self, stage: str, streaming: bool, req: Any, result_type: Any = Any) -> RecordedCall:
+    def call(
+        self, stage: str, streaming: bool, req: Any, result_type: Any = Any, seq: int | None = None
+    ) -> RecordedCall:
         """A stage call begins: the request the script passed, and ``result_type``, what
-        the binding converts its result (items) to."""
-        call = RecordedCall(
+        the binding converts its result (items) to. (``seq``: the number a journal gives
+        it, :class:`bls.resume.JournalRecorder`'s; a record numbers calls as they come.)"""
+        call = self.new_call(stage, streaming, req, result_type)
+        self.record.calls.append(call)
+        return call
+
+    def new_call(self, stage: str, streaming: bool, req: Any, result_type: Any) -> RecordedCall:
+        return RecordedCall(
             stage=stage,
             streaming=streaming,
             request=encode_value(req),
             start=self._now(),
             result_type=ref_of(result_type),
         )
-        self.record.calls.append(call)
-        return call
 
     def item(self, call: RecordedCall, value: Any) -> None:
         call.items.append(encode_value(value))
@@ -195,13 +204,22 @@ def _where(script: str | Path) -> tuple[str, str]:
 
 class RecordingBinding(Wrapper):
     """``inner``, with every call noted in the request's :class:`Recorder` (when the
-    request keeps one: ``ctx.record``)."""
+    request keeps one: ``ctx.record``); a call a recovered run finished before is
+    answered from its journal instead (:class:`bls.resume.Resume`)."""
 
     async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         recorder: Recorder | None = ctx.record
         if recorder is None:
             return await self.inner.invoke(req, ctx)
-        call = recorder.call(self.name, False, req, self.result_type)
+        seq = None
+        if recorder.resume is not None:
+            taken = recorder.resume.take(self, req)
+            if taken is not None and taken.call is not None:
+                if taken.call.error is not None:
+                    await taken.fail(recorder.resume)
+                return taken.value(0, self.result_type, recorder.resume)
+            seq = None if taken is None else taken.seq
+        call = recorder.call(self.name, False, req, self.result_type, seq)
         try:
             result = await self.inner.invoke(req, ctx)
         except BaseException as exc:
@@ -218,13 +236,24 @@ class RecordingBinding(Wrapper):
         recorder: Recorder | None = ctx.record
         if recorder is None:
             return self.inner.stream(req, ctx)
-        return _recorded(self.inner, req, ctx, recorder)
+        return _recorded(self, req, ctx, recorder)
 
 
 async def _recorded(
-    inner: Binding, req: Any, ctx: CallContext, recorder: Recorder
+    binding: RecordingBinding, req: Any, ctx: CallContext, recorder: Recorder
 ) -> AsyncIterator[Any]:
-    call = recorder.call(inner.name, True, req, inner.result_type)
+    seq = None
+    if recorder.resume is not None:
+        taken = recorder.resume.take(binding, req)
+        if taken is not None and taken.call is not None:
+            for i in range(len(taken.call.items)):
+                yield taken.value(i, binding.result_type, recorder.resume)
+            if taken.call.error is not None:
+                await taken.fail(recorder.resume)
+            return
+        seq = None if taken is None else taken.seq
+    inner = binding.inner
+    call = recorder.call(inner.name, True, req, inner.result_type, seq)
     items = inner.stream(req, ctx)
     try:
         async for item in items:

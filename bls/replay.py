@@ -37,9 +37,20 @@ from .recording import (
 from .runtime import Runtime
 from .scope import NO_CONTEXT, CallContext
 from .scriptfile import ScriptFile
+from .segments import SUFFIX, find
 from .typenames import resolve
 
-__all__ = ["Divergence", "ReplayBinding", "read", "replay", "replay_file"]
+__all__ = [
+    "Divergence",
+    "ReplayBinding",
+    "difference",
+    "importable_from",
+    "read",
+    "recorded_failure",
+    "recorded_value",
+    "replay",
+    "replay_file",
+]
 
 
 class Divergence(AssertionError):
@@ -88,7 +99,7 @@ class _Calls:
                 return n, call
         n, call = left[0]
         raise self.diverge(
-            f"call {n} (stage {stage!r}): the request differs {_difference(call.request, sent)}"
+            f"call {n} (stage {stage!r}): the request differs {difference(call.request, sent)}"
         )
 
     def unmade(self) -> list[tuple[int, RecordedCall]]:
@@ -130,40 +141,56 @@ class ReplayBinding(Binding):
             await _fail(n, recorded, self._calls)
 
     def _value(self, n: int, call: RecordedCall, i: int) -> Any:
-        """Item ``i`` of recorded call ``n`` (its result: 0), in the script's type."""
-        what = f"call {n} (stage {call.stage!r})"
-        try:
-            value = decode_value(call.items[i])
-        except Exception as exc:  # (checked as msgpack when read; an array's bytes here)
-            raise RecordError(f"the record's {what} item {i + 1} does not decode: {exc}") from None
-        tp = self.result_type
-        if tp is Any:
-            try:
-                tp = resolve(call.result_type, self._calls.importable)
-            except LookupError as exc:
-                raise self._calls.diverge(
-                    f"{what}: the script got its result as {exc}: import it in the script"
-                ) from None
-        try:
-            return convert(value, tp)
-        except (msgspec.ValidationError, TypeError) as exc:
-            raise self._calls.diverge(
-                f"{what}: the recorded result is not a {type_name(tp)}: {exc}"
-            ) from None
+        calls = self._calls
+        return recorded_value(call, n, i, self.result_type, calls.importable, calls.diverge)
 
 
 async def _fail(n: int, call: RecordedCall, calls: _Calls) -> None:
-    """Raise what the stage raised then. A call that was cancelled then (a race's loser,
-    a timeout's) waits to be cancelled again: a divergence if the script has not done so
-    in the time it took then, plus a second and as long again (at most
-    :data:`CANCEL_WAIT_MAX`)."""
+    await recorded_failure(n, call, calls.diverge)
+
+
+def recorded_value(
+    call: RecordedCall,
+    n: int,
+    i: int,
+    result_type: Any,
+    importable: Callable[[str], bool],
+    diverge: Callable[[str], Exception],
+) -> Any:
+    """Item ``i`` of recorded call ``n`` (its result: 0), in ``result_type`` (the one
+    the script declares for the stage; ``Any``: the type the record names, imported when
+    ``importable`` allows); what ``diverge`` makes of a message when it cannot be."""
+    what = f"call {n} (stage {call.stage!r})"
+    try:
+        value = decode_value(call.items[i])
+    except Exception as exc:  # (checked as msgpack when read; an array's bytes here)
+        raise RecordError(f"the record's {what} item {i + 1} does not decode: {exc}") from None
+    tp = result_type
+    if tp is Any:
+        try:
+            tp = resolve(call.result_type, importable)
+        except LookupError as exc:
+            raise diverge(
+                f"{what}: the script got its result as {exc}: import it in the script"
+            ) from None
+    try:
+        return convert(value, tp)
+    except (msgspec.ValidationError, TypeError) as exc:
+        raise diverge(f"{what}: the recorded result is not a {type_name(tp)}: {exc}") from None
+
+
+async def recorded_failure(n: int, call: RecordedCall, diverge: Callable[[str], Exception]) -> None:
+    """Raise what recorded call ``n`` raised then. A call that was cancelled then (a
+    race's loser, a timeout's) waits to be cancelled again: a divergence (``diverge``'s)
+    if the script has not done so in the time it took then, plus a second and as long
+    again (at most :data:`CANCEL_WAIT_MAX`)."""
     error = call.error
     assert error is not None
     if error.kind in (ErrorKind.CANCELLED, ErrorKind.DEADLINE):
         took = max(0.0, call.end - call.start)
         wait = min(2 * took + 1, CANCEL_WAIT_MAX)
         await anyio.sleep(wait)
-        raise calls.diverge(
+        raise diverge(
             f"call {n} (stage {call.stage!r}) was cancelled after {took:.3f}s in the record; "
             f"the script has not cancelled it after {wait:.3f}s"
         )
@@ -172,9 +199,15 @@ async def _fail(n: int, call: RecordedCall, calls: _Calls) -> None:
     raise StageError(error.stage, error.kind, error.message)
 
 
-def read(path: str | Path) -> Record:
-    """The record in ``path`` (:class:`bls.recording.RecordError` when it cannot be)."""
+def read(path: str | Path, request_id: str | None = None) -> Record:
+    """The record in ``path``: a ``.blsrec`` file; or, in a segment (``.blsseg``) or a
+    folder of them (``bls serve --record DIR``), request ``request_id``'s
+    (:func:`bls.segments.find`). :class:`bls.recording.RecordError` when it cannot be."""
     path = Path(path)
+    if path.is_dir() or path.suffix == SUFFIX:
+        return find(path, request_id)
+    if request_id is not None:
+        raise RecordError(f"{path} is one request's record: --id is for a segment or a folder")
     return load(path.read_bytes(), str(path))
 
 
@@ -183,7 +216,7 @@ async def replay(record: Record, entry: Script, declared: Sequence[Any] = ()) ->
     its answers (a unary entry's one result, or a streaming entry's items: those it gave
     before it failed, for a request that failed, and failed the same way again). Raises
     :class:`Divergence` at the first difference."""
-    calls = _Calls(record, _importable(entry))
+    calls = _Calls(record, importable_from(entry))
     streaming = {h.name: h.signature.streaming for h in declared}
     streaming.update({c.stage: c.streaming for c in record.calls})
     bindings = {n: ReplayBinding(n, s, calls) for n, s in streaming.items()}
@@ -227,11 +260,12 @@ async def replay(record: Record, entry: Script, declared: Sequence[Any] = ()) ->
     return answers
 
 
-def replay_file(path: str | Path, script: str | Path, entry: str | None = None) -> list[Any]:
-    """:func:`replay` the record in ``path`` through ``script`` (its entry ``entry``, or
-    the one the record names), on asyncio; what ``bls replay`` and
-    :func:`bls.testing.replay` run."""
-    record = read(path)
+def replay_file(
+    path: str | Path, script: str | Path, entry: str | None = None, request_id: str | None = None
+) -> list[Any]:
+    """:func:`replay` the record in ``path`` (:func:`read`) through ``script`` (its entry
+    ``entry``, or the one the record names), on asyncio; what ``bls replay`` runs."""
+    record = read(path, request_id)
     loaded = ScriptFile(script, configured=False)
     name = entry or record.entry
     if name not in loaded.entries:
@@ -242,7 +276,7 @@ def replay_file(path: str | Path, script: str | Path, entry: str | None = None) 
     return anyio.run(replay, record, loaded.entries[name], loaded.declared)
 
 
-def _importable(entry: Script) -> Callable[[str], bool]:
+def importable_from(entry: Script) -> Callable[[str], bool]:
     """Which modules a recorded result's type may be imported from, when the script has
     not loaded them (a stage's own module, which the record's bindings had loaded): bls's
     own, and those whose files lie in the script's folder. No other: a record names them,
@@ -285,7 +319,7 @@ def _same_answers(record: Record, answers: list[Any]) -> None:
         sent = encode_value(got)
         if sent != want:
             which = "the result" if len(answers) == 1 else f"answer item {n}"
-            raise Divergence(f"{which} differs {_difference(want, sent)}")
+            raise Divergence(f"{which} differs {difference(want, sent)}")
 
 
 def _said(error: RecordedError) -> str:
@@ -296,10 +330,10 @@ def ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
-def _difference(want: bytes, got: bytes) -> str:
+def difference(want: bytes, got: bytes) -> str:
     """Where two encoded values differ: ``at $.text: the record has 'Hi!', the script
     sent 'Hi'``."""
-    path, expected, actual = _first_difference(
+    path, expected, actual = _firstdifference(
         msgspec.msgpack.decode(want), msgspec.msgpack.decode(got), "$"
     )
     return f"at {path}: the record has {_show(expected)}, the script gave {_show(actual)}"
@@ -308,16 +342,16 @@ def _difference(want: bytes, got: bytes) -> str:
 _MISSING = object()
 
 
-def _first_difference(want: Any, got: Any, path: str) -> tuple[str, Any, Any]:
+def _firstdifference(want: Any, got: Any, path: str) -> tuple[str, Any, Any]:
     if isinstance(want, dict) and isinstance(got, dict):
         for key in [*want, *(k for k in got if k not in want)]:
             a, b = want.get(key, _MISSING), got.get(key, _MISSING)
             if a != b:
-                return _first_difference(a, b, f"{path}.{key}")
+                return _firstdifference(a, b, f"{path}.{key}")
     elif isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
         for i, (a, b) in enumerate(zip(want, got, strict=True)):
             if a != b:
-                return _first_difference(a, b, f"{path}[{i}]")
+                return _firstdifference(a, b, f"{path}[{i}]")
     return path, want, got
 
 

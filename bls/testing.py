@@ -147,13 +147,17 @@ async def client(script: str | Path, **limits: Any) -> AsyncIterator[httpx.Async
             yield http
 
 
-async def replay(path: str | Path, entry: Script | None = None) -> Any:
+async def replay(
+    path: str | Path, entry: Script | None = None, *, request_id: str | None = None
+) -> Any:
     """Run the recorded request in ``path`` again, every stage answered from the record,
     through ``entry`` (default: the entry the record names, in the script file it was
     recorded from): what :func:`call` returns, a unary entry's result or the list of a
-    streaming entry's items. Raises :class:`Divergence` (an AssertionError) naming the
-    first difference; a request that failed in the record fails the same way again."""
-    record = read(path)
+    streaming entry's items. ``path`` is a ``.blsrec`` file, or a ``bls serve --record``
+    folder (or one of its segments) with the ``request_id`` to replay. Raises
+    :class:`Divergence` (an AssertionError) naming the first difference; a request that
+    failed in the record fails the same way again."""
+    record = read(path, request_id)
     if entry is None:
         loaded = ScriptFile(record.path or record.script, configured=False)
         entry = loaded.entry(record.entry)

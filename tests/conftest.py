@@ -13,6 +13,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Background runs kept where no other run of the tests (or of the user's) is: each
+    `bls serve` a test starts without --runs keeps its journal here."""
+    import os
+
+    folder = tmp_path_factory.mktemp("state")
+    os.environ["BLS_STATE_DIR"] = str(folder)
+    return folder
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param

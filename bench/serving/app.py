@@ -1,6 +1,7 @@
-"""What bench/frontend.py and bench/streams.py serve: a no-op script, a one-stage script
-(the stage inline, or remote), a slow stream through an inline stage, and the floor — bare
-Starlette routes doing the same work on the same server (Uvicorn + httptools).
+"""What bench/frontend.py, bench/streams.py and bench/background_runs.py serve: a no-op
+script, a one-stage script (the stage inline, or remote), three remote calls in turn, a
+slow stream through an inline stage, and the floor — bare Starlette routes doing the same
+work on the same server (Uvicorn + httptools).
 
     bls serve bench/serving/app.py --bind echo=tcp://... --bind local=bench/serving/app.py:echo \
         --bind tick=bench/serving/app.py:tick
@@ -44,6 +45,14 @@ async def inline(req: Ping) -> Ping:
 @bls.script
 async def remote(req: Ping) -> Ping:
     return await stage("echo", req)
+
+
+@bls.script
+async def three(req: Ping) -> Ping:
+    """Three remote calls in turn (bench/background_runs.py: what a run journals)."""
+    for _ in range(3):
+        req = await stage("echo", req)
+    return req
 
 
 class Ticks(bls.Message):

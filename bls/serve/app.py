@@ -15,6 +15,8 @@ Routes (:data:`Frontend.routes`; a known path asked with another method is 405; 
     GET  /ready                   every stage it calls is reachable (503 names those not)
     GET  /metrics                 Prometheus text
     GET  /debug/requests[/{id}]   recent requests and their stage timelines
+    GET  /v1/runs[/{id}[/events]] background runs (``Prefer: respond-async``: :mod:`.runs`;
+    DELETE /v1/runs/{id}          the routes: :mod:`.run_routes`)
 
 Each accepted request runs its script under one cancel scope. That scope ends it when
 the client disconnects, when the request's deadline passes, when its body is too slow,
@@ -32,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
+import anyio
 import msgspec
 
 from ..config import AdmissionConfig
@@ -48,7 +51,16 @@ from ..tracing import Trace, TraceStore, outcome_of
 from .admission import Admission, Ticket
 from .answers import answer_entry
 from .chat_answers import answer_chat
-from .framing import HttpError, Receive, Scope, Send, cut_short, error_for, send_error
+from .framing import (
+    HttpError,
+    Receive,
+    Scope,
+    Send,
+    cut_short,
+    error_for,
+    respond,
+    send_error,
+)
 from .intake import (
     Clocks,
     Disconnected,
@@ -65,6 +77,8 @@ from .intake import (
 )
 from .metrics import Metrics
 from .routing import Route, Router
+from .run_routes import RunRoutes, run_body
+from .runs import Runs, wants_async
 from .status import StatusRoutes
 
 __all__ = ["Frontend"]
@@ -92,8 +106,10 @@ class Frontend:
         model_aliases: Sequence[str] = (),
         records: RecordWriter | None = None,
         admission: AdmissionConfig | None = None,
+        runs: Runs | None = None,
     ) -> None:
         self.entries = entries
+        self.runs = runs  # background runs (None: Prefer: respond-async is not offered)
         self.records = records  # each request's record goes here (bls serve --record)
         self.runtime = runtime
         self.title = title
@@ -103,6 +119,8 @@ class Frontend:
         self.admission = Admission(self.limits.max_inflight, admission, entries)
         self.metrics = Metrics(lambda: self.inflight, lambda: self.admission.queued)
         self.metrics.watch_bindings(runtime.bindings)
+        if runs is not None:
+            self.metrics.watch_runs(runs)
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0
@@ -121,6 +139,7 @@ class Frontend:
             Route("/v1/scripts/", ["POST"], self._script, prefix=True),
             Route("/v1/chat/completions", ["POST"], self._chat),
             *status.routes,
+            *(RunRoutes(runs).routes if runs is not None else ()),
         ]
         self._router = Router(self.routes)
         self._answer_entry: Run = partial(answer_entry, runtime)
@@ -156,7 +175,26 @@ class Frontend:
             why = f"no entry {name!r} (entries: {', '.join(self.entries)})"
             await _refuse(scope, send, HttpError(404, "not_found", why))
             return
-        await self._accept(scope, receive, send, entry, self._answer_entry)
+        run = self._answer_entry
+        if self.runs is not None and wants_async(scope):
+            run = self._submit
+        await self._accept(scope, receive, send, entry, run)
+
+    async def _submit(
+        self, scope: Scope, send: Send, entry: Script, req: Any, request: Request, body: bytes
+    ) -> None:
+        """``Prefer: respond-async``: the run is made (and journaled) and answered 202;
+        it goes on without this request (:mod:`.runs`). Its deadline is its own."""
+        assert self.runs is not None
+        timeout = request_timeout(request.headers, None)
+        row = self.runs.submit(entry, body, request.scope.ctx.priority, timeout)
+        extra = [
+            (b"location", b"/v1/runs/" + row.id.encode()),
+            (b"preference-applied", b"respond-async"),
+        ]
+        request.reply.status = 202
+        request.reply.finishing = True
+        await respond(scope, send, 202, run_body(row), request.id.encode(), extra=extra)
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         if self.chat_entry is None:
@@ -381,7 +419,18 @@ class Frontend:
             for request in list(self._requests):
                 request.scope.cancel(Reason.DRAIN)
 
-        return await self._drain.drain(grace, cancel_rest)
+        if self.runs is None:
+            return await self._drain.drain(grace, cancel_rest)
+        done: list[bool] = []
+        async with anyio.create_task_group() as tg:  # requests and runs drain side by side
+
+            async def drain_runs() -> None:
+                assert self.runs is not None
+                done.append(await self.runs.drain(grace))
+
+            tg.start_soon(drain_runs)
+            done.append(await self._drain.drain(grace, cancel_rest))
+        return all(done)
 
     @property
     def draining(self) -> bool:

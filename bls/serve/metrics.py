@@ -71,6 +71,7 @@ class Metrics:
         self._inflight = inflight
         self._queued = queued
         self._bindings: Mapping[str, Binding] = {}
+        self._runs: Any = None  # a .runs.Runs: its live runs and outcomes
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -111,6 +112,11 @@ class Metrics:
         """Also export what each stage counts (its policy, its cache: Binding.counts())."""
         self._bindings = bindings
 
+    def watch_runs(self, runs: Any) -> None:
+        """Also export the background runs (:class:`.runs.Runs`): those running here, and
+        how many ended here, by status."""
+        self._runs = runs
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -145,6 +151,18 @@ class Metrics:
             "Requests waiting for a slot ([admission] max_queued)",
             value=self._queued(),
         )
+        if self._runs is not None:
+            yield GaugeMetricFamily(
+                "bls_runs_in_flight",
+                "Background runs running in this frontend",
+                value=len(self._runs.live),
+            )
+            yield _counter(
+                "bls_runs_ended",
+                "Background runs this frontend ended, by status",
+                ["status"],
+                {(k,): n for k, n in self._runs.outcomes.items()},
+            )
         yield _counter(
             "bls_stage_calls",
             "Stage calls made by scripts, by stage",

@@ -24,11 +24,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from ..journal import JournalError, open_journal
 from ..lifecycle import serve_until_signal
 from ..record_writer import RecordWriter
 from ..scriptfile import ScriptFile
 from .app import Frontend
 from .intake import Limits
+from .runs import Runs
 
 __all__ = ["serve"]
 
@@ -212,10 +214,25 @@ async def serve(
     export = from_environment()
     # (Made before anything starts: a folder that cannot be written is an error now.)
     records = RecordWriter(record_to, app.path, finish_s=limits.grace) if record_to else None
+    runs_config = app.config.runs
+    journal = None
+    if runs_config.store != "off":
+        try:
+            journal = open_journal(runs_config.store)
+        except JournalError as exc:
+            if runs_config.store is not None:
+                raise  # (a store the operator named: serving without it would be wrong)
+            log.warning("background runs are off: %s (name a store with --runs)", exc)
     async with contextlib.AsyncExitStack() as stack:
         if records is not None:
             await stack.enter_async_context(records)
-        async with app.runtime(start_unreachable=True) as runtime:
+        if journal is not None:
+            stack.callback(journal.close)
+        async with app.runtime(start_unreachable=True) as runtime, anyio.create_task_group() as tg:
+            runs = None
+            if journal is not None:
+                runs = Runs(journal, runtime, app.entries, app.path, runs_config)
+                log.info("background runs: %s", journal.url())
             frontend = Frontend(
                 app.entries,
                 runtime,
@@ -225,7 +242,10 @@ async def serve(
                 model_aliases=model_aliases,
                 records=records,
                 admission=app.config.admission,
+                runs=runs,
             )
+            if runs is not None:
+                await tg.start(runs.keep)  # (runs left by a frontend that died go on now)
             sock = _listen(host, port)
             stop = anyio.Event()
 
@@ -247,6 +267,7 @@ async def serve(
                 on_ready=ready,
                 stop=stopped,
             )
+            tg.cancel_scope.cancel()  # (the runs were drained with the requests)
     if export is not None:
         export.close()
     if records is not None:

@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 import bls
+from bls.recording import load
 from bls.replay import read
+from bls.segments import records_in
 
 from .cli import BLS, ROOT, run_bls
 from .procs import serving, start, stop, wait_for, worker
@@ -98,16 +100,31 @@ def test_bls_serve_records_each_request_and_each_replays(backend: str, tmp_path:
         assert (greeted.status_code, counted.status_code, failed.status_code) == (200, 200, 502)
         server.signal(signal.SIGTERM)
         assert server.wait() == 0
-    files = sorted(records.glob("*.blsrec"), key=lambda p: p.stat().st_mtime_ns)
-    assert len(files) == 3, server.log()
+    # One segment holds them all, each under its request's id.
+    segments = list(records.glob("*.blsseg"))
+    assert len(segments) == 1 and list(records.glob("*.blsrec")) == [], server.log()
+    ids = [name for name, _ in records_in(segments[0])]
+    answered = [r.headers["x-request-id"] for r in (greeted, counted, failed)]
+    assert ids == answered
     assert f"recorded 3 request(s) in {records}" in server.log()
 
-    replayed = {read(f).entry: run_bls("replay", str(f), SERVED) for f in files}
+    replayed = {
+        read(records, rid).entry: run_bls("replay", str(records), SERVED, "--id", rid)
+        for rid in ids
+    }
     assert all(r.returncode == 0 for r in replayed.values()), [r.stderr for r in replayed.values()]
     assert json.loads(replayed["greet"].stdout) == greeted.json()
     assert _lines(replayed["count"].stdout) == _lines(counted.text)
     assert replayed["fail"].stdout == ""
     assert "the request failed as recorded" in replayed["fail"].stderr
+    # The segment itself, with the id; and without one, or with one it lacks: why not.
+    one = run_bls("replay", str(segments[0]), SERVED, "--id", ids[0])
+    assert one.returncode == 0 and json.loads(one.stdout) == greeted.json()
+    some = run_bls("replay", str(records), SERVED)
+    assert some.returncode == 1
+    assert "holds 3 records: name the request with --id (its X-Request-Id)" in some.stderr
+    none = run_bls("replay", str(records), SERVED, "--id", "nope")
+    assert none.returncode == 1 and "holds no record of request 'nope' (3 others)" in none.stderr
 
 
 def _lines(text: str) -> list[object]:
@@ -169,7 +186,7 @@ async def test_fakellm_behind_bls_worker_takes_prompt_embeddings_as_tensors() ->
 
 
 def _writer_of(server_pid: int) -> int | None:
-    """The pid of a `bls serve`'s record writer process (its child running write_files),
+    """The pid of a `bls serve`'s record writer process (its child running write_segments),
     None while it has none."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -180,7 +197,7 @@ def _writer_of(server_pid: int) -> int | None:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == server_pid and b"write_files" in cmdline:
+        if ppid == server_pid and b"write_segments" in cmdline:
             return int(entry.name)
     return None
 
@@ -208,10 +225,12 @@ def test_killing_the_record_writer_never_stops_serving(tmp_path: Path) -> None:
             assert http.post("/v1/scripts/greet", json={"text": "after"}).status_code == 200
         server.signal(signal.SIGTERM)
         assert server.wait() == 0, server.log()
-    files = list(records.glob("*.blsrec"))
-    assert files and all(read(f).entry == "greet" for f in files)  # each one whole
+    # Each writer its own segment; every record in them whole (one cut short by the kill
+    # at the end of the first is not read).
+    kept = [load(data) for seg in records.glob("*.blsseg") for _, data in records_in(seg)]
+    assert kept and all(r.entry == "greet" for r in kept)
     closing = next(line for line in server.lines if "recorded " in line)
-    assert f"recorded {len(files)} request(s) in {records}" in closing
+    assert f"recorded {len(kept)} request(s) in {records}" in closing
 
 
 def test_a_stalled_writer_holds_up_neither_requests_nor_memory_nor_the_drain(
@@ -260,8 +279,8 @@ def test_records_the_disk_cannot_hold_are_never_left_truncated(tmp_path: Path) -
         assert proc.wait() == 0, proc.log()
     finally:
         stop(proc.popen)
-    files = list(records.glob("*.blsrec"))
-    assert len(files) == 1 and read(files[0]).items  # the small one, whole
+    kept = [load(data) for seg in records.glob("*.blsseg") for _, data in records_in(seg)]
+    assert len(kept) == 1 and kept[0].items  # the small one, whole; the large one cut off
     assert "File too large" in proc.log()
     assert f"recorded 1 request(s) in {records} (1 failed to write)" in proc.log()
 

@@ -1,0 +1,158 @@
+"""A background run's recorder, and its recovery: the script runs again with every call
+it finished before answered from the journal (:mod:`bls.journal`), then goes on live.
+
+:class:`JournalRecorder` is the :class:`bls.recording.Recorder` of a background run: each
+stage call is written to the journal as it starts and again as it ends, before the
+script sees its result. A recovered run's recorder carries a :class:`Resume`, which
+:class:`bls.recording.RecordingBinding` asks first (:meth:`Resume.take`):
+
+- a call the journal has finished is answered from it, as ``bls replay`` answers
+  (:func:`bls.replay.recorded_value`, :func:`bls.replay.recorded_failure`): it is not
+  sent again;
+- a call that was in flight when the run's frontend stopped is sent again to an
+  idempotent stage (``idempotent = true``), under its number in the journal; to any
+  other the run fails with ``interrupted``, naming the stage: it may have run, and
+  running it twice is not known to be safe;
+- a call the journal has no more calls for goes live;
+- a call of a stage whose next journaled call had another request is a divergence (the
+  script was changed): the run fails naming the call and the field, as ``bls replay``
+  does, and so does a run that ends without making every call the journal has. Old and
+  new results are never mixed into an answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .bindings import Binding
+from .errors import ErrorKind, StageError
+from .journal import Journal
+from .recording import RecordedCall, Recorder, encode_value
+from .replay import Divergence, difference, recorded_failure, recorded_value
+
+__all__ = ["JournalRecorder", "Resume", "Taken"]
+
+
+class Taken:
+    """What :meth:`Resume.take` found for a call: the finished ``call`` to answer from
+    (``call`` None: send it live, as journal call ``seq``, or a new one when ``seq`` is
+    None)."""
+
+    __slots__ = ("call", "n", "seq")
+
+    def __init__(self, seq: int | None, call: RecordedCall | None = None) -> None:
+        self.seq = seq
+        self.call = call
+        self.n = (seq or 0) + 1  # as replay numbers calls: from 1
+
+    def value(self, i: int, result_type: Any, resume: Resume) -> Any:
+        assert self.call is not None
+        return recorded_value(self.call, self.n, i, result_type, resume.importable, resume.diverge)
+
+    async def fail(self, resume: Resume) -> None:
+        assert self.call is not None
+        await recorded_failure(self.n, self.call, resume.diverge)
+
+
+class Resume:
+    """A recovered run's journaled calls (see the module's docstring). ``on_diverge`` is
+    told of the first divergence (the run's owner cancels the run with it: the script
+    may catch the error)."""
+
+    def __init__(
+        self, calls: list[tuple[int, RecordedCall, bool]], importable: Callable[[str], bool]
+    ) -> None:
+        self.left: dict[str, list[tuple[int, RecordedCall, bool]]] = {}
+        for seq, call, done in calls:
+            self.left.setdefault(call.stage, []).append((seq, call, done))
+        self.next_seq = max((seq for seq, _, _ in calls), default=-1) + 1
+        self.importable = importable
+        self.diverged: Divergence | None = None
+        self.on_diverge: Callable[[], None] = lambda: None
+
+    def diverge(self, message: str) -> Divergence:
+        exc = Divergence(f"the run's recovery diverged from its journal: {message}")
+        if self.diverged is None:
+            self.diverged = exc
+            self.on_diverge()
+        return exc
+
+    def take(self, binding: Binding, req: Any) -> Taken | None:
+        """What the journal has for this call of ``binding`` (None: it goes live, as a new
+        call); raises the divergence, or ``interrupted``."""
+        name = binding.name
+        left = self.left.get(name)
+        if not left:
+            return None
+        sent = encode_value(req)
+        for i, (seq, call, done) in enumerate(left):
+            if call.request == sent:
+                del left[i]
+                if done:
+                    return Taken(seq, call)
+                if binding.policy.idempotent:
+                    return Taken(seq)  # sent again, as the same journal call
+                raise StageError(
+                    name,
+                    ErrorKind.INTERRUPTED,
+                    f"the run's call {seq + 1} to stage {name!r} was in flight when its "
+                    "frontend stopped, and the stage is not idempotent: it may have run, "
+                    "so it is not sent again (declare the stage idempotent = true if "
+                    "running it twice is safe)",
+                )
+        seq, call, _ = left[0]
+        raise self.diverge(
+            f"call {seq + 1} (stage {name!r}): the request differs {difference(call.request, sent)}"
+        )
+
+    def check_all_made(self) -> None:
+        """The run ended: every journaled call must have been made again."""
+        unmade = sorted((seq, call.stage) for calls in self.left.values() for seq, call, _ in calls)
+        if unmade:
+            seq, stage = unmade[0]
+            raise self.diverge(
+                f"the script did not make {len(unmade)} call(s) the journal has; the first: "
+                f"call {seq + 1} (stage {stage!r})"
+            )
+
+
+class JournalRecorder(Recorder):
+    """The recorder of background run ``run_id``: each call goes to ``journal`` as it
+    starts and as it ends (numbered from ``resume``'s next when the run is recovered).
+    After :meth:`stop` (the frontend is stopping, and cancels its runs to hand them over)
+    the calls that end are left in flight in the journal: cancelled by the stop, not by
+    the script."""
+
+    __slots__ = ("_journal", "_next", "_seqs", "run_id", "stopping")
+
+    def __init__(
+        self, journal: Journal, run_id: str, script: str | Path, resume: Resume | None = None
+    ) -> None:
+        super().__init__(script)
+        self._journal = journal
+        self.run_id = run_id
+        self.resume = resume
+        self._next = resume.next_seq if resume is not None else 0
+        self._seqs: dict[int, int] = {}  # id(call): its number in the journal
+        self.stopping = False
+
+    def call(
+        self, stage: str, streaming: bool, req: Any, result_type: Any = Any, seq: int | None = None
+    ) -> RecordedCall:
+        call = self.new_call(stage, streaming, req, result_type)
+        if seq is None:
+            seq, self._next = self._next, self._next + 1
+        self._seqs[id(call)] = seq
+        self._journal.call(self.run_id, seq, call, done=False)
+        return call
+
+    def ended(self, call: RecordedCall, exc: BaseException | None = None) -> None:
+        super().ended(call, exc)
+        seq = self._seqs.pop(id(call))
+        if not self.stopping:
+            self._journal.call(self.run_id, seq, call, done=True)
+
+    def stop(self) -> None:
+        self.stopping = True

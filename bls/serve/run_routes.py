@@ -1,0 +1,166 @@
+"""The HTTP routes of background runs (:mod:`.runs`), over the journal::
+
+    GET    /v1/runs                 runs, newest first (?status=, ?limit=, ?before=ID)
+    GET    /v1/runs/ID              the run: status, result or error, timings
+    GET    /v1/runs/ID/events       SSE of its items and status changes (Last-Event-ID)
+    DELETE /v1/runs/ID              cancel it, and every call under it
+
+A run is answered as :func:`run_body` writes it. Events are read from the journal, so a
+frontend serves those of a run another frontend on the store is running (looking for
+new ones every ``_POLL_S``; a run of its own wakes it as each is written).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+import anyio
+import msgspec
+
+from ..journal import STATUSES, RunRow
+from .framing import SSE, HttpError, Receive, Scope, Send, respond, send_error, start
+from .intake import header, request_id_of
+from .routing import Route
+from .runs import Runs, error_object
+
+__all__ = ["RunRoutes", "run_body"]
+
+_encode = msgspec.json.encode
+
+_POLL_S = 0.5  # how often an events stream looks for a run another frontend writes
+_MAX_LIST = 1000
+
+
+class RunRoutes:
+    """The routes (:attr:`routes`) over ``runs``."""
+
+    def __init__(self, runs: Runs) -> None:
+        self.runs = runs
+        self.journal = runs.journal
+        self.routes = [
+            Route("/v1/runs", ["GET"], self._list),
+            Route("/v1/runs/", ["GET", "DELETE"], self._one, prefix=True),
+        ]
+
+    async def _list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+        query = _query(scope)
+        rid = request_id_of(scope)
+        status = query.get("status")
+        try:
+            if status is not None and status not in STATUSES:
+                raise HttpError(
+                    400,
+                    "invalid_query",
+                    f"status must be one of {', '.join(STATUSES)}",
+                    path="status",
+                )
+            limit = _limit(query.get("limit"))
+        except HttpError as error:
+            await send_error(scope, send, error, rid)
+            return
+        rows = self.journal.runs(status=status, before=query.get("before"), limit=limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        data = b",".join(run_body(r, full=False) for r in rows)
+        body = b'{"object":"list","data":[%s],"has_more":%s}' % (
+            data,
+            b"true" if more else b"false",
+        )
+        await respond(scope, send, 200, body, rid)
+
+    async def _one(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
+        run_id, _, tail = rest.partition("/")
+        rid = request_id_of(scope)
+        row = self.journal.get(run_id)
+        if row is None or tail not in ("", "events") or (tail and scope["method"] == "DELETE"):
+            what = (
+                f"no run {run_id!r}"
+                if row is None
+                else f"no route {scope['method']} {scope['path']}"
+            )
+            await send_error(scope, send, HttpError(404, "not_found", what), rid)
+            return
+        if tail == "events":
+            await self._events(scope, receive, send, row)
+        elif scope["method"] == "DELETE":
+            status, row = await self.runs.cancel(row)
+            await respond(scope, send, status, run_body(row), rid)
+        else:
+            await respond(scope, send, 200, run_body(row), rid)
+
+    async def _events(self, scope: Scope, receive: Receive, send: Send, row: RunRow) -> None:
+        """SSE: the run's events after ``Last-Event-ID`` (each with its ``id:``), live as
+        they come, until its ``end`` event; the client leaving ends it."""
+        last = header(scope, b"last-event-id")
+        try:
+            after = int(last) if last else 0
+        except ValueError:
+            error = HttpError(400, "invalid_header", "Last-Event-ID must be an event's id")
+            await send_error(scope, send, error, request_id_of(scope))
+            return
+        await start(send, 200, request_id_of(scope), SSE, stream=True)
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            while True:
+                live = self.runs.live.get(row.id)
+                changed = live.changed if live is not None else None
+                events = self.journal.events(row.id, after)
+                for seq, kind, data in events:
+                    frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                    after = seq
+                    if kind == "end":
+                        tg.cancel_scope.cancel()
+                        break
+                else:
+                    if not events:
+                        with anyio.move_on_after(_POLL_S):
+                            if changed is not None:
+                                await changed.wait()
+                            else:
+                                await anyio.sleep(_POLL_S)
+                    continue
+                break
+        await send({"type": "http.response.body", "body": b""})
+
+
+def run_body(row: RunRow, *, full: bool = True) -> bytes:
+    """A run as the routes answer it (``full``: with its result or error)."""
+    head = {
+        "id": row.id,
+        "object": "run",
+        "entry": row.entry,
+        "status": row.status,
+        "created": row.created,
+        "started": row.started,
+        "ended": row.ended,
+        "deadline": row.deadline,
+    }
+    body = _encode(head)
+    if not full:
+        return body
+    result = row.result or b"null"
+    return body[:-1] + b',"result":%s,"error":%s}' % (result, error_object(row.error))
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    raw = scope.get("query_string", b"").decode("latin-1")
+    return dict(parse_qsl(raw))
+
+
+def _limit(given: str | None) -> int:
+    if given is None:
+        return 50
+    try:
+        limit = int(given)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= _MAX_LIST:
+        raise HttpError(400, "invalid_query", f"limit must be 1 to {_MAX_LIST}", path="limit")
+    return limit

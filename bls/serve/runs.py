@@ -1,0 +1,367 @@
+"""Background runs: a request that outlives its client and its frontend.
+
+``POST /v1/scripts/ENTRY`` with ``Prefer: respond-async`` is admitted as any request is
+(429, priorities, tenants), its body read and decoded (400/422 at once), then answered
+``202 Accepted`` with ``Location: /v1/runs/ID`` and the run
+(:func:`.run_routes.run_body`); the run goes on without the connection, its journal in
+the store (:mod:`bls.journal`); :mod:`.run_routes` answers for it.
+
+A run's deadline is its own: ``X-Request-Timeout`` (not capped by ``--request-timeout``,
+which bounds synchronous requests), else ``[runs] timeout_s``, counted from its
+creation and kept across recoveries. At most ``max_running`` run at once in a frontend;
+the others wait in the store as ``queued``, taken by priority, then age.
+
+:class:`Runs` keeps the leases of the runs it owns (:meth:`Runs.keep`, every
+``lease_s / 5``): it renews them, carries out a cancel another frontend was asked for,
+and takes over runs whose owner's lease ran out (a frontend that died) or that wait in
+the store, while it has room. A taken-over run is recovered (:mod:`bls.resume`). On a
+drain, runs get the grace period to finish; the rest are stopped, their leases
+released, and the next frontend goes on with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from ..config import RunsConfig
+from ..entry import Script
+from ..errors import InvalidRequest
+from ..journal import TERMINAL, Journal, JournalError, RunRow
+from ..lifecycle import Drain
+from ..replay import Divergence, importable_from
+from ..resume import JournalRecorder, Resume
+from ..runtime import Runtime
+from ..scope import Reason, RequestScope
+from .framing import HttpError, Scope, error_for
+from .intake import header
+
+__all__ = ["Runs", "error_object", "wants_async"]
+
+log = logging.getLogger("bls.runs")
+_encode = msgspec.json.encode
+
+_CANCEL_WAIT_S = 5.0  # how long DELETE waits for a run of its own to end
+
+
+class _Live:
+    """A run running here: its scope, its recorder, its next event's number, and who
+    waits for its next event."""
+
+    __slots__ = ("changed", "next_event", "recorder", "scope")
+
+    def __init__(self, scope: RequestScope, recorder: JournalRecorder, next_event: int) -> None:
+        self.scope = scope
+        self.recorder = recorder
+        self.next_event = next_event
+        self.changed = anyio.Event()
+
+
+def wants_async(scope: Scope) -> bool:
+    """Whether the request asks ``Prefer: respond-async`` (RFC 7240)."""
+    prefer = header(scope, b"prefer")
+    if prefer is None:
+        return False
+    tokens = prefer.replace(b";", b",").split(b",")
+    return any(t.strip().lower() == b"respond-async" for t in tokens)
+
+
+class Runs:
+    """The background runs of one frontend over ``journal`` (see the module's
+    docstring). ``async with runs.running():`` around the server; its routes are
+    :attr:`routes`."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        runtime: Runtime,
+        entries: dict[str, Script],
+        script: Path,
+        config: RunsConfig,
+    ) -> None:
+        self.journal = journal
+        self.runtime = runtime
+        self.entries = entries
+        self.script = str(script.resolve())
+        self.config = config
+        self.owner = f"{uuid.uuid4().hex[:12]}"
+        self.live: dict[str, _Live] = {}
+        self.outcomes: dict[str, int] = {}  # runs ended here, by status (for /metrics)
+        self._drain = Drain(self.live)
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._room = anyio.Event()  # set when a run ends (the keeper may take another)
+
+    # -- life ---------------------------------------------------------------------------
+
+    async def keep(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until cancelled: the runs' task group, and every ``lease_s / 5`` s the
+        leases renewed, cancels carried out, runs taken over (see the module's
+        docstring), old runs pruned."""
+        config = self.config
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            pruned = 0.0
+            while True:
+                try:
+                    if not self._drain.draining:
+                        self._renew()
+                        self._take_over()
+                    if time.monotonic() - pruned > 60:
+                        pruned = time.monotonic()
+                        self.journal.prune(older_than=config.retain_s, keep=config.retain)
+                except (sqlite3.Error, JournalError):
+                    # (Tried again at the next turn; a lease not renewed meanwhile may be
+                    # taken over by another frontend, which this one then hears of.)
+                    log.exception("background runs: the runs store failed")
+                with anyio.move_on_after(config.lease_s / 5):
+                    await self._room.wait()
+                self._room = anyio.Event()
+
+    def _lease(self) -> float:
+        return time.time() + self.config.lease_s
+
+    def _renew(self) -> None:
+        for run_id in self.journal.renew(self.owner, list(self.live), self._lease()):
+            live = self.live.get(run_id)
+            if live is not None:
+                row = self.journal.get(run_id)
+                if row is not None and row.owner != self.owner:
+                    log.warning("run %s: taken over by another frontend; stopping here", run_id)
+                    live.recorder.stop()
+                    live.scope.cancel(Reason.DRAIN)
+                else:
+                    live.scope.cancel(Reason.CANCELLED)
+
+    def _take_over(self) -> None:
+        room = self.config.max_running - len(self.live)
+        if room <= 0:
+            return
+        for row in self.journal.claim(self.script, self.owner, self._lease(), room):
+            if row.started is not None:
+                log.info("run %s: recovering (its frontend stopped)", row.id)
+            self._start(row)
+
+    def _start(self, row: RunRow) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(self._run, row)
+
+    async def drain(self, grace: float) -> bool:
+        """Take no more runs; wait up to ``grace`` s for those running here, then stop
+        the rest and release them to the next frontend. True if none was stopped."""
+
+        def stop_rest() -> None:
+            for live in self.live.values():
+                live.recorder.stop()
+                live.scope.cancel(Reason.DRAIN)
+
+        unfinished = list(self.live)
+        done = await self._drain.drain(grace, stop_rest)
+        self.journal.release(self.owner, unfinished)
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        return done
+
+    # -- submitting -----------------------------------------------------------------------
+
+    def submit(self, entry: Script, body: bytes, priority: int, timeout: float | None) -> RunRow:
+        """A new run of ``entry`` on ``body`` (decoded already); it starts at once when
+        there is room here, else it waits in the store (``queued``)."""
+        now = time.time()
+        timeout = timeout if timeout is not None else self.config.timeout_s
+        start_here = not self._drain.draining and len(self.live) < self.config.max_running
+        row = RunRow(
+            id=f"run-{uuid.uuid4().hex}",
+            script=self.script,
+            entry=entry.name,
+            status="queued",
+            request=body,
+            priority=priority,
+            created=now,
+            deadline=now + timeout if timeout is not None and math.isfinite(timeout) else None,
+            owner=self.owner if start_here else None,
+            lease=self._lease() if start_here else 0.0,
+        )
+        self.journal.create(row)
+        if start_here:
+            self._start(row)
+        return row
+
+    # -- one run ----------------------------------------------------------------------------
+
+    async def _run(self, row: RunRow) -> None:
+        try:
+            await self._run_entry(row)
+        except (sqlite3.Error, JournalError):
+            # The store failed (a full disk, a lock held too long): the run stays as the
+            # journal has it; its lease runs out, and a frontend recovers it.
+            log.exception("run %s: the runs store failed; it is left to recovery", row.id)
+
+    async def _run_entry(self, row: RunRow) -> None:
+        entry = self.entries.get(row.entry)
+        if entry is None:
+            why = f"the script has no entry {row.entry!r} now (entries: {', '.join(self.entries)})"
+            self._finish(row.id, "failed", error=HttpError(500, "not_found", why).body())
+            return
+        try:
+            req = entry.decode(row.request)
+        except InvalidRequest as exc:
+            error = HttpError(422, "invalid_request", exc.message, path=exc.path)
+            self._finish(row.id, "failed", error=error.body())
+            return
+        resume = None  # (a run never started has no calls and no events yet to read)
+        if row.started is not None:
+            resume = Resume(self.journal.calls(row.id), importable_from(entry))
+        recorder = JournalRecorder(self.journal, row.id, self.script, resume)
+        scope = RequestScope(row.id, priority=row.priority, record=recorder)
+        if resume is not None:
+            resume.on_diverge = lambda: scope.cancel(Reason.CANCELLED)
+        if row.deadline is not None:
+            scope.expire_at(row.deadline)
+        events = self.journal.last_event(row.id) if row.started is not None else 0
+        live = self.live[row.id] = _Live(scope, recorder, events + 1)
+        try:
+            self.journal.started(row.id, self.owner, self._lease())
+            self._event(live, row.id, "status", b'{"status":"running"}')
+            await self._outcome(row, entry, req, live, resume)
+        finally:
+            del self.live[row.id]
+            self._drain.left()
+            self._room.set()
+
+    async def _outcome(
+        self, row: RunRow, entry: Script, req: Any, live: _Live, resume: Resume | None
+    ) -> None:
+        """Run it; its outcome into the journal (none when the frontend stopped it)."""
+        result: bytes | None = None
+        failure: BaseException | None = None
+        scope = live.scope
+        try:
+            async with scope:
+                if entry.streaming:
+                    result = await self._items(row.id, entry, req, live, resume)
+                else:
+                    result = _encode(await self.runtime.run(entry, req))
+                if resume is not None:
+                    resume.check_all_made()
+        except Exception as exc:
+            failure = exc
+        if live.recorder.stopping:
+            return  # (another frontend goes on with it)
+        if resume is not None and resume.diverged is not None:
+            error = HttpError(500, "recovery_diverged", str(resume.diverged), entry=entry.name)
+            self._finish(row.id, "failed", error=error.body(), live=live)
+        elif scope.reason is Reason.CANCELLED:
+            error = HttpError(499, "cancelled", "the run was cancelled", entry=entry.name)
+            self._finish(row.id, "cancelled", error=error.body(), live=live)
+        elif scope.reason is Reason.DEADLINE:
+            why = "the run's deadline passed"
+            error = HttpError(504, "deadline_exceeded", why, entry=entry.name)
+            self._finish(row.id, "failed", error=error.body(), live=live)
+        elif failure is not None:
+            error = error_for(failure, entry.name)
+            if error.status == 500 and not isinstance(failure, (HttpError, Divergence)):
+                log.error("run %s of %r failed", row.id, entry.name, exc_info=failure)
+            self._finish(row.id, "failed", error=error.body(), live=live)
+        else:
+            self._finish(row.id, "succeeded", result=result, live=live)
+
+    async def _items(
+        self, run_id: str, entry: Script, req: Any, live: _Live, resume: Resume | None
+    ) -> bytes:
+        """A streaming entry's run: each item an event as the script yields it; the
+        result, every item in a JSON list. A recovered run's items that went out before
+        are checked against those it gives again, not sent twice."""
+        events = self._all_events(run_id) if resume is not None else []
+        before = [data for _, kind, data in events if kind == "item"]
+        items: list[bytes] = []
+
+        async def sink(item: Any) -> None:
+            data = _encode(item)
+            n = len(items)
+            items.append(data)
+            if n < len(before):
+                if data != before[n] and resume is not None:
+                    raise resume.diverge(
+                        f"item {n + 1} differs: the journal has {before[n][:80]!r}, "
+                        f"the script gave {data[:80]!r}"
+                    )
+                return
+            self._event(live, run_id, "item", data)
+
+        await self.runtime.feed(entry, req, sink)
+        return b"[" + b",".join(items) + b"]"
+
+    def _all_events(self, run_id: str) -> list[tuple[int, str, bytes]]:
+        events: list[tuple[int, str, bytes]] = []
+        after = 0
+        while page := self.journal.events(run_id, after):
+            events += page
+            after = page[-1][0]
+        return events
+
+    def _event(self, live: _Live, run_id: str, kind: str, data: bytes) -> None:
+        self.journal.event(run_id, live.next_event, kind, data)
+        live.next_event += 1
+        live.changed.set()
+        live.changed = anyio.Event()
+
+    def _finish(
+        self,
+        run_id: str,
+        status: str,
+        *,
+        result: bytes | None = None,
+        error: bytes | None = None,
+        live: _Live | None = None,
+    ) -> None:
+        if not self.journal.finish(run_id, status, result=result, error=error):
+            return
+        self.outcomes[status] = self.outcomes.get(status, 0) + 1
+        end = b'{"status":"%s","result":%s,"error":%s}' % (
+            status.encode(),
+            result or b"null",
+            error_object(error),
+        )
+        if live is not None:
+            self._event(live, run_id, "end", end)
+        else:
+            self.journal.event(run_id, self.journal.last_event(run_id) + 1, "end", end)
+
+    async def cancel(self, row: RunRow) -> tuple[int, RunRow]:
+        """Cancel ``row``: its scope here; in the store when it waits or its owner is
+        gone; else its owner is asked to (202). 200 with the run as it ended."""
+        if row.status in TERMINAL:
+            return 200, row
+        live = self.live.get(row.id)
+        if live is not None:
+            live.scope.cancel(Reason.CANCELLED)
+            with anyio.move_on_after(_CANCEL_WAIT_S):
+                while row.id in self.live:
+                    await live.changed.wait()
+        elif row.lease < time.time() or row.status == "queued":
+            error = HttpError(499, "cancelled", "the run was cancelled", entry=row.entry)
+            self._finish(row.id, "cancelled", error=error.body())
+        else:
+            self.journal.ask_cancel(row.id)
+            return 202, self.journal.get(row.id) or row
+        current = self.journal.get(row.id) or row
+        return (200 if current.status in TERMINAL else 202), current
+
+
+def error_object(error: bytes | None) -> bytes:
+    """The ``{"type", "message", ...}`` of an error body ``{"error": {...}}``."""
+    if error is None:
+        return b"null"
+    return msgspec.json.encode(msgspec.json.decode(error)["error"])

@@ -1,0 +1,267 @@
+"""Background runs for real: `bls serve --runs sqlite:///...` with the `slow` stage in a
+`bls worker` process; runs submitted with `Prefer: respond-async`, read, streamed,
+cancelled, and recovered by a second frontend after the first is killed with SIGKILL."""
+
+from __future__ import annotations
+
+import collections
+import json
+import signal
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from .procs import Proc, drain, start, wait_for
+
+SCRIPT = "tests/e2e/runs/pipeline.py"
+SLOW = "tests/e2e/runs/slow.py:slow"
+ASYNC = {"prefer": "respond-async"}
+
+
+@pytest.fixture
+def calls(tmp_path: Path) -> Path:
+    return tmp_path / "calls"
+
+
+@pytest.fixture
+def worker(calls: Path) -> Iterator[Proc]:
+    from .cli import bls_env
+
+    proc = start(
+        ["worker", SLOW, "--listen", "tcp://127.0.0.1:0"], env=bls_env(BLS_SLOW_CALLS=str(calls))
+    )
+    try:
+        yield proc
+    finally:
+        drain([proc])
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    return f"sqlite://{tmp_path / 'runs.sqlite3'}"
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """A short lease: a killed frontend's runs are taken over within a second."""
+    path = tmp_path / "runs.toml"
+    path.write_text("[runs]\nlease_s = 1.0\n")
+    return path
+
+
+def serve(worker: Proc, store: str, config: Path, *more: str) -> Proc:
+    args = ["serve", SCRIPT, "--port", "0", "--runs", store, "--config", str(config)]
+    return start([*args, "--bind", f"slow={worker.address}", *more])
+
+
+def submit(server: Proc, entry: str, body: object, **headers: str) -> dict[str, object]:
+    answer = httpx.post(
+        f"{server.address}/v1/scripts/{entry}", json=body, headers={**ASYNC, **headers}
+    )
+    assert answer.status_code == 202, answer.text
+    run = answer.json()
+    assert answer.headers["location"] == f"/v1/runs/{run['id']}"
+    assert answer.headers["preference-applied"] == "respond-async"
+    return run  # type: ignore[no-any-return]
+
+
+def ended(server: Proc, run_id: object, timeout: float = 30) -> dict[str, object]:
+    """The run once it has ended (polled, bounded)."""
+    found: dict[str, object] = {}
+
+    def over() -> bool:
+        found.update(httpx.get(f"{server.address}/v1/runs/{run_id}").json())
+        return found["status"] in ("succeeded", "failed", "cancelled")
+
+    wait_for(over, timeout=timeout, interval=0.05)
+    return found
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_background_run_answers_what_a_synchronous_request_answers(
+    worker: Proc, store: str, config: Path, backend: str
+) -> None:
+    server = serve(worker, store, config, "--backend", backend)
+    try:
+        for entry, body in (
+            ("steps", {"n": 1, "steps": 3}),  # untyped, as the README writes scripts
+            ("typed_steps", {"n": 2, "steps": 3}),
+        ):
+            run = submit(server, entry, body)
+            assert run["status"] in ("queued", "running") and run["entry"] == entry
+            done = ended(server, run["id"])
+            assert done["status"] == "succeeded" and done["error"] is None
+            sync = httpx.post(f"{server.address}/v1/scripts/{entry}", json=body, timeout=30)
+            assert sync.status_code == 200
+            assert done["result"] == sync.json()
+            assert done["started"] >= done["created"] and done["ended"] >= done["started"]  # type: ignore[operator]
+        listed = httpx.get(f"{server.address}/v1/runs", params={"status": "succeeded"}).json()
+        assert [r["entry"] for r in listed["data"]] == ["typed_steps", "steps"]  # newest first
+        page = httpx.get(f"{server.address}/v1/runs", params={"limit": 1}).json()
+        assert page["has_more"] and len(page["data"]) == 1
+        after = httpx.get(
+            f"{server.address}/v1/runs", params={"before": page["data"][0]["id"]}
+        ).json()
+        assert [r["entry"] for r in after["data"]] == ["steps"]
+        bad = httpx.get(f"{server.address}/v1/runs", params={"status": "done"})
+        assert bad.status_code == 400 and bad.json()["error"]["path"] == "status"
+        assert httpx.get(f"{server.address}/v1/runs/run-nope").status_code == 404
+    finally:
+        drain([server])
+
+
+def test_bad_input_is_refused_before_a_run_is_made(worker: Proc, store: str, config: Path) -> None:
+    server = serve(worker, store, config)
+    try:
+        answer = httpx.post(
+            f"{server.address}/v1/scripts/typed_steps", json={"n": "x"}, headers=ASYNC
+        )
+        assert answer.status_code == 422 and answer.json()["error"]["path"] == "$.n"
+        assert httpx.get(f"{server.address}/v1/runs").json()["data"] == []
+    finally:
+        drain([server])
+
+
+def test_delete_cancels_the_run_and_its_remote_call(
+    worker: Proc, store: str, config: Path, calls: Path
+) -> None:
+    server = serve(worker, store, config)
+    try:
+        run = submit(server, "steps", {"n": 7, "steps": 2, "extra": {"sleep": 60}})
+        wait_for(lambda: "start 7 0" in lines(calls), timeout=10)
+        gone = httpx.delete(f"{server.address}/v1/runs/{run['id']}", timeout=10)
+        assert gone.status_code == 200, gone.text
+        assert gone.json()["status"] == "cancelled"
+        assert gone.json()["error"]["type"] == "cancelled"
+        wait_for(lambda: "cancel 7 0" in lines(calls), timeout=10)  # the worker stopped it
+        assert "start 7 1" not in lines(calls)
+        assert httpx.delete(f"{server.address}/v1/runs/{run['id']}").json()["status"] == "cancelled"
+        # The server serves on, and runs new background runs.
+        assert ended(server, submit(server, "steps", {"n": 8, "steps": 1})["id"])["status"] == (
+            "succeeded"
+        )
+    finally:
+        drain([server])
+
+
+def test_a_deadline_of_its_own_ends_the_run(worker: Proc, store: str, config: Path) -> None:
+    server = serve(worker, store, config, "--request-timeout", "0.1")
+    try:
+        # --request-timeout bounds synchronous requests only: this run outlives it.
+        run = submit(server, "steps", {"n": 3, "steps": 2}, **{"x-request-timeout": "30"})
+        assert ended(server, run["id"])["status"] == "succeeded"
+        run = submit(
+            server,
+            "steps",
+            {"n": 4, "steps": 1, "extra": {"sleep": 30}},
+            **{"x-request-timeout": "0.5"},
+        )
+        done = ended(server, run["id"])
+        assert done["status"] == "failed" and done["error"]["code"] == 504  # type: ignore[index]
+    finally:
+        drain([server])
+
+
+def _events(
+    url: str, last: int | None, stop_after: int | None = None
+) -> list[tuple[int, str, str]]:
+    """The SSE events of ``url`` (after ``last``), until the end, or ``stop_after`` items."""
+    headers = {} if last is None else {"last-event-id": str(last)}
+    got: list[tuple[int, str, str]] = []
+    with httpx.stream("GET", url, headers=headers, timeout=30) as answer:
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        event: dict[str, str] = {}
+        for line in answer.iter_lines():
+            if line:
+                key, _, value = line.partition(": ")
+                event[key] = value
+                continue
+            got.append((int(event["id"]), event["event"], event["data"]))
+            event = {}
+            if got[-1][1] == "end":
+                break
+            if stop_after is not None and sum(k == "item" for _, k, _ in got) == stop_after:
+                break
+    return got
+
+
+def test_an_events_client_that_reconnects_misses_no_item_and_sees_none_twice(
+    worker: Proc, store: str, config: Path
+) -> None:
+    server = serve(worker, store, config)
+    try:
+        run = submit(server, "items", {"n": 5, "steps": 5})
+        url = f"{server.address}/v1/runs/{run['id']}/events"
+        first = _events(url, None, stop_after=2)
+        second = _events(url, first[-1][0])
+        seen = first + second
+        ids = [i for i, _, _ in seen]
+        assert ids == sorted(set(ids))  # none twice, in order
+        items = [json.loads(d)["item"] for _, k, d in seen if k == "item"]
+        assert items == [f"5:{s}" for s in range(5)]
+        end = json.loads(seen[-1][2])
+        assert seen[-1][1] == "end" and end["status"] == "succeeded"
+        assert end["result"] == [{"item": i} for i in items]
+        # Read again from the start: the same events.
+        assert _events(url, None) == seen
+    finally:
+        drain([server])
+
+
+def _done_calls(db: Path) -> set[tuple[int, int]]:
+    """(run, step) of every call the journal has as finished."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT call FROM calls WHERE done = 1").fetchall()
+    done = set()
+    for (data,) in rows:
+        request = msgspec.msgpack.decode(msgspec.msgpack.decode(data)["request"])
+        done.add((request["run"], request["step"]))
+    return done
+
+
+def test_a_frontend_killed_mid_run_has_its_runs_finished_by_the_next_without_redoing_a_call(
+    worker: Proc, store: str, config: Path, calls: Path
+) -> None:
+    """50 runs of 4 remote steps; the frontend is killed with SIGKILL halfway; a second
+    one on the same store finishes every run with the answer an uninterrupted run gives,
+    no call the journal had finished is run again, and nothing is left running."""
+    first = serve(worker, store, config)
+    runs = {}
+    try:
+        for n in range(50):
+            runs[n] = submit(first, "steps", {"n": n, "steps": 4})["id"]
+        wait_for(lambda: sum(line.startswith("start") for line in lines(calls)) >= 100, timeout=60)
+        first.signal(signal.SIGKILL)
+        first.wait()
+    finally:
+        drain([first])
+    finished = _done_calls(Path(store.removeprefix("sqlite://")))
+    assert finished and len(finished) < 200  # (killed halfway)
+    second = serve(worker, store, config)
+    try:
+        for n, run_id in runs.items():
+            done = ended(second, run_id, timeout=60)
+            assert done["status"] == "succeeded", done
+            assert done["result"] == {"n": n, "out": [f"{n}:{s}" for s in range(4)]}
+        started = collections.Counter(
+            tuple(map(int, line.split()[1:])) for line in lines(calls) if line.startswith("start")
+        )
+        assert set(started) == {(n, s) for n in range(50) for s in range(4)}
+        assert all(started[key] == 1 for key in finished)  # none of those ran twice
+        assert (
+            httpx.get(f"{second.address}/v1/runs", params={"status": "running"}).json()["data"]
+            == []
+        )
+        metrics = httpx.get(f"{second.address}/metrics").text
+        assert "bls_runs_in_flight 0" in metrics
+    finally:
+        drain([second])

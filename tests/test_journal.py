@@ -1,0 +1,105 @@
+"""The runs store (bls.journal): where it is, leases and take-overs between frontends,
+an outcome written once, events read back in pages, retention."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bls.journal import Journal, JournalError, RunRow, anchored, default_path, open_journal
+from bls.recording import RecordedCall
+
+
+def row(run_id: str, *, created: float, status: str = "queued", lease: float = 0.0) -> RunRow:
+    return RunRow(
+        id=run_id,
+        script="/s.py",
+        entry="e",
+        status=status,
+        request=b"{}",
+        created=created,
+        owner="a" if lease else None,
+        lease=lease,
+    )
+
+
+def test_stores_are_named_by_url_or_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert open_journal(f"sqlite://{tmp_path}/a.db").path == tmp_path / "a.db"
+    assert open_journal(str(tmp_path / "b.db")).path == tmp_path / "b.db"
+    monkeypatch.setenv("BLS_STATE_DIR", str(tmp_path / "state"))
+    assert default_path() == tmp_path / "state" / "runs.sqlite3"
+    assert open_journal(None).path == default_path()
+    with pytest.raises(JournalError, match="PostgreSQL is not supported yet"):
+        open_journal("postgresql://db/runs")
+    with pytest.raises(JournalError, match="unknown store 'redis'"):
+        open_journal("redis://x")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(JournalError, match="cannot open the runs store"):
+        open_journal(str(tmp_path / "file" / "runs.db"))
+    # In bls.toml a relative store is the file's folder's.
+    assert anchored("sqlite://runs.db", tmp_path) == f"sqlite://{tmp_path}/runs.db"
+    assert anchored("runs.db", tmp_path) == str(tmp_path / "runs.db")
+    assert anchored("sqlite:///abs.db", tmp_path) == "sqlite:///abs.db"
+    assert anchored("off", tmp_path) == "off"
+
+
+def test_a_run_is_taken_over_only_once_its_owners_lease_ran_out(tmp_path: Path) -> None:
+    one, two = Journal(tmp_path / "r.db"), Journal(tmp_path / "r.db")  # two frontends
+    now = time.time()
+    one.create(row("held", created=now, status="running", lease=now + 60))
+    one.create(row("waiting", created=now + 1))
+    one.create(row("urgent", created=now + 2))
+    two._db.execute("UPDATE runs SET priority = 5 WHERE id = 'urgent'")
+    taken = two.claim("/s.py", "b", now + 10, limit=10)
+    assert [r.id for r in taken] == ["urgent", "waiting"]  # priority, then age
+    assert all(r.owner == "b" for r in taken)
+    assert one.claim("/s.py", "a", now + 10, limit=10) == []  # b holds them now
+    assert two.claim("/other.py", "b", now + 10, limit=10) == []  # another script's: none
+    # The owner renews; a cancel asked elsewhere, and a run lost to another, come back.
+    one.ask_cancel("waiting")
+    assert two.renew("b", ["urgent", "waiting"], now + 20) == ["waiting"]
+    assert one.renew("a", ["urgent"], now + 20) == ["urgent"]  # not a's
+    one.release("a", ["held"])
+    assert [r.id for r in two.claim("/s.py", "b", now + 10, limit=10)] == ["held"]
+
+
+def test_an_outcome_is_written_once(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "r.db")
+    journal.create(row("r", created=time.time()))
+    assert journal.finish("r", "cancelled", error=b'{"error":{}}')
+    assert not journal.finish("r", "succeeded", result=b"1")  # the cancel came first
+    done = journal.get("r")
+    assert done is not None and (done.status, done.result) == ("cancelled", None)
+    assert done.ended is not None and done.lease == 0
+
+
+def test_calls_and_events_come_back_in_order(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "r.db")
+    call = RecordedCall(stage="s", streaming=False, request=b"\x80", start=0.0, result_type=None)
+    journal.call("r", 1, call, done=False)
+    journal.call("r", 0, call, done=True)
+    journal.call("r", 1, call, done=True)  # the same call, ended
+    assert [(seq, done) for seq, _, done in journal.calls("r")] == [(0, True), (1, True)]
+    for seq in range(1, 301):
+        journal.event("r", seq, "item", b"%d" % seq)
+    page = journal.events("r")
+    assert len(page) == 256 and page[0] == (1, "item", b"1")
+    assert [s for s, _, _ in journal.events("r", after=page[-1][0])] == list(range(257, 301))
+    assert journal.last_event("r") == 300 and journal.last_event("none") == 0
+
+
+def test_finished_runs_are_forgotten_by_age_and_count(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "r.db")
+    now = time.time()
+    for n in range(5):
+        journal.create(row(f"r{n}", created=now + n))
+        if n < 4:
+            journal.finish(f"r{n}", "succeeded", result=b"1")
+    journal._db.execute("UPDATE runs SET ended = ? WHERE id = 'r0'", (now - 100,))
+    assert journal.prune(older_than=50) == 1
+    assert journal.prune(keep=2) == 1  # r1 (r4 is not finished: it stays)
+    assert [r.id for r in journal.runs()] == ["r4", "r3", "r2"]
+    assert [r.id for r in journal.runs(status="succeeded", limit=1)] == ["r3"]
+    assert [r.id for r in journal.runs(before="r3")] == ["r2"]

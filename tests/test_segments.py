@@ -1,0 +1,60 @@
+"""Segment files (bls.segments): records appended whole, segments rotated, a record cut
+short at the end skipped, a request's record found by its id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bls.recording import Record, RecordError, dump
+from bls.segments import FRAME, MAGIC, Segment, find, records_in
+
+
+def frame(name: str, record: Record) -> bytes:
+    data = dump(record)
+    return FRAME.pack(len(name), len(data)) + name.encode() + data
+
+
+def record(entry: str) -> Record:
+    return Record(bls="0", script="s.py", entry=entry, started=0.0)
+
+
+def test_records_are_appended_to_segments_that_rotate_and_found_by_id(tmp_path: Path) -> None:
+    segment = Segment(tmp_path, segment_bytes=200)
+    for n in range(6):
+        segment.append(frame(f"r{n}", record(f"e{n}")))
+    segment.append(frame("r1", record("again")))  # an id given twice: the last one
+    segment.close()
+    files = sorted(tmp_path.glob("*.blsseg"))
+    assert len(files) > 1 and all(f.read_bytes().startswith(MAGIC) for f in files)
+    names = [name for f in files for name, _ in records_in(f)]
+    assert names == ["r0", "r1", "r2", "r3", "r4", "r5", "r1"]
+    assert find(tmp_path, "r3").entry == "e3"
+    assert find(tmp_path, "r1").entry == "again"
+    with pytest.raises(RecordError, match="holds no record of request 'x' \\(7 others\\)"):
+        find(tmp_path, "x")
+    with pytest.raises(RecordError, match="holds 7 records: name the request with --id"):
+        find(tmp_path, None)
+
+
+def test_a_record_cut_short_at_the_end_is_not_read(tmp_path: Path) -> None:
+    segment = Segment(tmp_path)
+    segment.append(frame("whole", record("e")))
+    segment.close()
+    path = next(tmp_path.glob("*.blsseg"))
+    whole = path.read_bytes()
+    path.write_bytes(whole + frame("cut", record("e"))[:-5])  # (its writer was killed)
+    assert [name for name, _ in records_in(path)] == ["whole"]
+    assert find(path, None).entry == "e"  # the segment's only record
+
+
+def test_what_is_not_a_segment_says_so(tmp_path: Path) -> None:
+    other = tmp_path / "x.blsseg"
+    other.write_bytes(b"not a segment")
+    with pytest.raises(RecordError, match="is not a bls record segment"):
+        find(other, "r")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RecordError, match="holds no record segments"):
+        find(empty, "r")
