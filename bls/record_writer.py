@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +42,9 @@ log = logging.getLogger("bls")
 BACKLOG_BYTES = 64 * 1024 * 1024  # records waiting for the writer, at most
 _BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
 _RESTART_S = 1.0  # between a writer's death and its replacement
+# Records wait this long to go to the writer with those that follow: a pipe write and a
+# wake-up a batch, not a record (and the writer writes a batch in one write too).
+_GATHER_S = 0.005
 
 
 class RecordWriter:
@@ -180,6 +184,8 @@ class RecordWriter:
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
+                if not self._closing and self._queued_bytes < _BATCH_BYTES // 4:
+                    await anyio.sleep(_GATHER_S)
                 batch = self._batch()
                 writer.handed += len(batch)
                 await writer.send(batch)
@@ -301,29 +307,38 @@ def _check_writable(folder: Path) -> None:
 
 def write_segments(folder: str | Path) -> int:
     """The writer process: each record on stdin (framed as a segment frames it) appended
-    to a segment in ``folder``, until stdin ends; after each, ``WRITTEN FAILED`` on
-    stdout. Returns how many it wrote."""
+    to a segment in ``folder``, until stdin ends; after each read, ``WRITTEN FAILED`` on
+    stdout. Returns how many it wrote. The records of one read are appended in one write;
+    when that fails, one by one, so that one the disk cannot hold fails alone."""
     segment = Segment(Path(folder))
-    source = sys.stdin.buffer
+    source = sys.stdin.fileno()
     counts = sys.stdout.buffer
     written = failed = 0
+    pending = b""
     try:
         while True:
-            head = source.read(FRAME.size)
-            if len(head) < FRAME.size:
-                return written
-            name_len, data_len = FRAME.unpack(head)
-            name = source.read(name_len)
-            data = source.read(data_len)
-            if len(name) < name_len or len(data) < data_len:
-                return written  # its input ended mid-record: the server was stopped
+            data = os.read(source, _READ_BYTES)
+            if not data:
+                return written  # (a record cut short by the server stopping is dropped)
+            pending += data
+            frames, pending = _whole_frames(pending)
+            if not frames:
+                continue
             try:
-                segment.append(head + name + data)
-                written += 1
-            except OSError as exc:
-                failed += 1
-                what = name.decode(errors="replace")
-                print(f"bls: recording: cannot write the record of {what}: {exc}", file=sys.stderr)
+                segment.append(b"".join(frames))
+                written += len(frames)
+            except OSError:
+                for frame in frames:
+                    try:
+                        segment.append(frame)
+                        written += 1
+                    except OSError as exc:
+                        failed += 1
+                        name = frame[FRAME.size : FRAME.size + FRAME.unpack_from(frame)[0]]
+                        what = name.decode(errors="replace")
+                        print(
+                            f"bls: recording: cannot write {what}'s record: {exc}", file=sys.stderr
+                        )
             try:
                 counts.write(b"%d %d\n" % (written, failed))
                 counts.flush()
@@ -331,3 +346,20 @@ def write_segments(folder: str | Path) -> int:
                 pass  # the server stopped reading: it counts what it can
     finally:
         segment.close()
+
+
+_READ_BYTES = 1 << 20
+
+
+def _whole_frames(data: bytes) -> tuple[list[bytes], bytes]:
+    """The whole frames at the start of ``data``, and what is left of it."""
+    frames = []
+    at = 0
+    while len(data) - at >= FRAME.size:
+        name_len, data_len = FRAME.unpack_from(data, at)
+        end = at + FRAME.size + name_len + data_len
+        if end > len(data):
+            break
+        frames.append(data[at:end])
+        at = end
+    return frames, data[at:]

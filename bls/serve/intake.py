@@ -376,7 +376,16 @@ async def _rest_of_body(message: Message, receive: Receive, limit: int, size: in
 class Headers:
     """The request headers bls reads, found in one pass over the request's headers."""
 
-    __slots__ = ("accept", "content_length", "priority", "raw", "request_id", "tenant", "timeout")
+    __slots__ = (
+        "accept",
+        "content_length",
+        "prefer",
+        "priority",
+        "raw",
+        "request_id",
+        "tenant",
+        "timeout",
+    )
 
     def __init__(self, scope: Scope) -> None:
         self.raw = scope["headers"]  # all of them (an affinity may be keyed by any)
@@ -385,6 +394,7 @@ class Headers:
         self.timeout: bytes | None = None
         self.priority: bytes | None = None
         self.tenant: bytes | None = None
+        self.prefer: bytes | None = None  # (Prefer: respond-async asks for a background run)
         self.accept = b""
         for key, value in scope["headers"]:
             if key == b"content-length":
@@ -399,6 +409,8 @@ class Headers:
                 self.priority = bytes(value)
             elif key == b"x-tenant":
                 self.tenant = bytes(value)
+            elif key == b"prefer":
+                self.prefer = bytes(value)
 
 
 def request_timeout(headers: Headers, bound: float | None) -> float | None:

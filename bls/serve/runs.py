@@ -42,8 +42,7 @@ from ..replay import Divergence, importable_from
 from ..resume import JournalRecorder, Resume
 from ..runtime import Runtime
 from ..scope import Reason, RequestScope
-from .framing import HttpError, Scope, error_for
-from .intake import header
+from .framing import HttpError, error_for
 
 __all__ = ["Runs", "error_object", "wants_async"]
 
@@ -66,9 +65,8 @@ class _Live:
         self.changed = anyio.Event()
 
 
-def wants_async(scope: Scope) -> bool:
-    """Whether the request asks ``Prefer: respond-async`` (RFC 7240)."""
-    prefer = header(scope, b"prefer")
+def wants_async(prefer: bytes | None) -> bool:
+    """Whether a ``Prefer`` header's value asks ``respond-async`` (RFC 7240)."""
     if prefer is None:
         return False
     tokens = prefer.replace(b";", b",").split(b",")
