@@ -15,9 +15,16 @@ BLS = str(Path(sys.executable).with_name("bls"))
 SERVING_APP = str(Path(__file__).resolve().parent / "serving" / "app.py")
 
 
-def spawn(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """Start ``args`` and wait for its ``ready ADDR`` line; (process, ADDR)."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def spawn(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start ``args`` (with ``env`` added to the environment) and wait for its ``ready
+    ADDR`` line; (process, ADDR)."""
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **env} if env else None,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("ready "):
