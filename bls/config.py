@@ -102,12 +102,18 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     background runs, ``Prefer: respond-async`` is then ignored); ``lease_s``: how long a
     run stays its frontend's without a renewal (a dead frontend's runs are taken over
     then); ``max_running``: runs at once in a frontend (the rest wait, queued);
-    ``timeout_s``: a run's deadline when its request names none; ``retain_s``,
-    ``retain``: finished runs are forgotten after this long, and past this many."""
+    ``max_queued``: runs that may wait (more are answered 429); ``timeout_s``: a run's
+    deadline when its request names none; ``retain_s``, ``retain``: finished runs are
+    forgotten after this long, and past this many; ``max_result_bytes``: a streaming
+    run's items kept as its result (past it, its result is null: they are in its
+    events); ``max_event_streams``: ``/events`` streams open at once (more get 503)."""
 
     store: str | None = None
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     max_running: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
+    max_queued: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
+    max_result_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
+    max_event_streams: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1024
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
     retain_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24 * 3600.0
     retain: Annotated[int, msgspec.Meta(ge=0)] = 100_000

@@ -217,6 +217,13 @@ class Journal:
         )
         return done.rowcount == 1
 
+    def queued(self, script: str) -> int:
+        """How many runs of ``script`` wait to start."""
+        row = self._db.execute(
+            "SELECT count(*) FROM runs WHERE script = ? AND status = 'queued'", (script,)
+        ).fetchone()
+        return int(row[0])
+
     def ask_cancel(self, run_id: str) -> None:
         self._db.execute("UPDATE runs SET cancel = 1 WHERE id = ?", (run_id,))
 

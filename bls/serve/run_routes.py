@@ -37,6 +37,7 @@ class RunRoutes:
     def __init__(self, runs: Runs) -> None:
         self.runs = runs
         self.journal = runs.journal
+        self.streams = 0  # /events streams open
         self.routes = [
             Route("/v1/runs", ["GET"], self._list),
             Route("/v1/runs/", ["GET", "DELETE"], self._one, prefix=True),
@@ -90,44 +91,56 @@ class RunRoutes:
 
     async def _events(self, scope: Scope, receive: Receive, send: Send, row: RunRow) -> None:
         """SSE: the run's events after ``Last-Event-ID`` (each with its ``id:``), live as
-        they come, until its ``end`` event; the client leaving ends it."""
+        they come, until its ``end`` event; the client leaving ends it. 503 past
+        ``[runs] max_event_streams`` streams at once."""
+        rid = request_id_of(scope)
         last = header(scope, b"last-event-id")
         try:
             after = int(last) if last else 0
         except ValueError:
             error = HttpError(400, "invalid_header", "Last-Event-ID must be an event's id")
-            await send_error(scope, send, error, request_id_of(scope))
+            await send_error(scope, send, error, rid)
             return
-        await start(send, 200, request_id_of(scope), SSE, stream=True)
-        async with anyio.create_task_group() as tg:
-
-            async def watch() -> None:
-                while (await receive())["type"] != "http.disconnect":
-                    pass
+        if self.streams >= self.runs.config.max_event_streams:
+            why = f"{self.streams} event streams are open ([runs] max_event_streams)"
+            error = HttpError(503, "too_many_streams", why, headers=[(b"retry-after", b"1")])
+            await send_error(scope, send, error, rid)
+            return
+        await start(send, 200, rid, SSE, stream=True)
+        if scope["method"] == "HEAD":
+            await send({"type": "http.response.body", "body": b""})
+            return
+        self.streams += 1
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_when_gone, receive, tg.cancel_scope)
+                await self._send_events(send, row.id, after)
                 tg.cancel_scope.cancel()
-
-            tg.start_soon(watch)
-            while True:
-                live = self.runs.live.get(row.id)
-                changed = live.changed if live is not None else None
-                events = self.journal.events(row.id, after)
-                for seq, kind, data in events:
-                    frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
-                    await send({"type": "http.response.body", "body": frame, "more_body": True})
-                    after = seq
-                    if kind == "end":
-                        tg.cancel_scope.cancel()
-                        break
-                else:
-                    if not events:
-                        with anyio.move_on_after(_POLL_S):
-                            if changed is not None:
-                                await changed.wait()
-                            else:
-                                await anyio.sleep(_POLL_S)
-                    continue
-                break
+        finally:
+            self.streams -= 1
         await send({"type": "http.response.body", "body": b""})
+
+    async def _send_events(self, send: Send, run_id: str, after: int) -> None:
+        """The run's events after ``after``, then each as it comes, to its ``end``."""
+        while True:
+            live = self.runs.live.get(run_id)
+            changed = live.changed if live is not None else None
+            events = self.journal.events(run_id, after)
+            for seq, kind, data in events:
+                frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+                after = seq
+                if kind == "end":
+                    return
+            if not events:  # (a run of its own wakes it; another frontend's is looked for)
+                with anyio.move_on_after(_POLL_S):
+                    await (changed.wait() if changed is not None else anyio.sleep_forever())
+
+
+async def _cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 def run_body(row: RunRow, *, full: bool = True) -> bytes:

@@ -26,6 +26,7 @@ import math
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,7 @@ class Runs:
         self.owner = f"{uuid.uuid4().hex[:12]}"
         self.live: dict[str, _Live] = {}
         self.outcomes: dict[str, int] = {}  # runs ended here, by status (for /metrics)
+        self._running = 0  # runs started here and not ended (some not in live yet)
         self._drain = Drain(self.live)
         self._tg: anyio.abc.TaskGroup | None = None
         self._room = anyio.Event()  # set when a run ends (the keeper may take another)
@@ -143,7 +145,7 @@ class Runs:
                     live.scope.cancel(Reason.CANCELLED)
 
     def _take_over(self) -> None:
-        room = self.config.max_running - len(self.live)
+        room = self.config.max_running - self._running
         if room <= 0:
             return
         for row in self.journal.claim(self.script, self.owner, self._lease(), room):
@@ -153,6 +155,7 @@ class Runs:
 
     def _start(self, row: RunRow) -> None:
         assert self._tg is not None
+        self._running += 1
         self._tg.start_soon(self._run, row)
 
     async def drain(self, grace: float) -> bool:
@@ -175,10 +178,11 @@ class Runs:
 
     def submit(self, entry: Script, body: bytes, priority: int, timeout: float | None) -> RunRow:
         """A new run of ``entry`` on ``body`` (decoded already); it starts at once when
-        there is room here, else it waits in the store (``queued``)."""
+        there is room here, else it waits in the store (``queued``): 429 when
+        ``max_queued`` wait already."""
         now = time.time()
         timeout = timeout if timeout is not None else self.config.timeout_s
-        start_here = not self._drain.draining and len(self.live) < self.config.max_running
+        start_here = not self._drain.draining and self._running < self.config.max_running
         row = RunRow(
             id=f"run-{uuid.uuid4().hex}",
             script=self.script,
@@ -191,6 +195,13 @@ class Runs:
             owner=self.owner if start_here else None,
             lease=self._lease() if start_here else 0.0,
         )
+        if not start_here and self.journal.queued(self.script) >= self.config.max_queued:
+            raise HttpError(
+                429,
+                "too_many_runs",
+                f"{self.config.max_queued} runs wait already ([runs] max_queued)",
+                headers=[(b"retry-after", b"1")],
+            )
         self.journal.create(row)
         if start_here:
             self._start(row)
@@ -205,6 +216,9 @@ class Runs:
             # The store failed (a full disk, a lock held too long): the run stays as the
             # journal has it; its lease runs out, and a frontend recovers it.
             log.exception("run %s: the runs store failed; it is left to recovery", row.id)
+        finally:
+            self._running -= 1
+            self._room.set()
 
     async def _run_entry(self, row: RunRow) -> None:
         entry = self.entries.get(row.entry)
@@ -277,37 +291,44 @@ class Runs:
 
     async def _items(
         self, run_id: str, entry: Script, req: Any, live: _Live, resume: Resume | None
-    ) -> bytes:
+    ) -> bytes | None:
         """A streaming entry's run: each item an event as the script yields it; the
-        result, every item in a JSON list. A recovered run's items that went out before
-        are checked against those it gives again, not sent twice."""
-        events = self._all_events(run_id) if resume is not None else []
-        before = [data for _, kind, data in events if kind == "item"]
-        items: list[bytes] = []
+        result, every item in a JSON list (None past ``max_result_bytes``: the items are
+        in its events alone). A recovered run's items that went out before are checked
+        against those it gives again, not sent twice."""
+        before = self._journaled_items(run_id) if resume is not None else iter(())
+        items: list[bytes] | None = []
+        size = 0
+        n = 0
 
         async def sink(item: Any) -> None:
+            nonlocal items, size, n
             data = _encode(item)
-            n = len(items)
-            items.append(data)
-            if n < len(before):
-                if data != before[n] and resume is not None:
-                    raise resume.diverge(
-                        f"item {n + 1} differs: the journal has {before[n][:80]!r}, "
-                        f"the script gave {data[:80]!r}"
-                    )
-                return
-            self._event(live, run_id, "item", data)
+            n += 1
+            if items is not None:
+                size += len(data) + 1
+                if size <= self.config.max_result_bytes:
+                    items.append(data)
+                else:
+                    items = None  # (the result would be too large to keep: events only)
+            sent = next(before, None)
+            if sent is None:
+                self._event(live, run_id, "item", data)
+            elif data != sent and resume is not None:
+                raise resume.diverge(
+                    f"item {n} differs: the journal has {sent[:80]!r}, "
+                    f"the script gave {data[:80]!r}"
+                )
 
         await self.runtime.feed(entry, req, sink)
-        return b"[" + b",".join(items) + b"]"
+        return None if items is None else b"[" + b",".join(items) + b"]"
 
-    def _all_events(self, run_id: str) -> list[tuple[int, str, bytes]]:
-        events: list[tuple[int, str, bytes]] = []
+    def _journaled_items(self, run_id: str) -> Iterator[bytes]:
+        """The items a run's events hold, read a page at a time."""
         after = 0
         while page := self.journal.events(run_id, after):
-            events += page
+            yield from (data for _, kind, data in page if kind == "item")
             after = page[-1][0]
-        return events
 
     def _event(self, live: _Live, run_id: str, kind: str, data: bytes) -> None:
         self.journal.event(run_id, live.next_event, kind, data)

@@ -265,3 +265,52 @@ def test_a_frontend_killed_mid_run_has_its_runs_finished_by_the_next_without_red
         assert "bls_runs_in_flight 0" in metrics
     finally:
         drain([second])
+
+
+def test_every_bound_of_runs_holds_against_a_flood_and_the_server_serves_on(
+    worker: Proc, store: str, tmp_path: Path, calls: Path
+) -> None:
+    """One run at a time, one waiting, one events stream, 40 bytes of items kept: past
+    each, a clear refusal (or the items left to the events), and the server serves on."""
+    config = tmp_path / "bounds.toml"
+    config.write_text(
+        "[runs]\nlease_s = 1.0\nmax_running = 1\nmax_queued = 1\nmax_result_bytes = 40\n"
+        "max_event_streams = 1\n"
+    )
+    server = serve(worker, store, config)
+    try:
+        holding = submit(server, "steps", {"n": 1, "steps": 1, "extra": {"sleep": 60}})
+        waiting = submit(server, "steps", {"n": 2, "steps": 1})
+        refused = httpx.post(
+            f"{server.address}/v1/scripts/steps", json={"n": 3, "steps": 1}, headers=ASYNC
+        )
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["type"] == "too_many_runs"
+        assert httpx.get(f"{server.address}/v1/runs/{waiting['id']}").json()["status"] == "queued"
+
+        url = f"{server.address}/v1/runs/{holding['id']}/events"
+        with httpx.stream("GET", url, timeout=30) as first:
+            reading = first.iter_lines()  # (kept: a dropped iterator closes the stream)
+            assert next(reading) == "id: 1"  # (its "running" status event)
+            second = httpx.get(url, timeout=10)
+            assert second.status_code == 503, server.log()
+            assert second.json()["error"]["type"] == "too_many_streams"
+        # The first stream gone, another may open (HEAD: its head alone, at once).
+        wait_for(lambda: httpx.head(url, timeout=10).status_code == 200, timeout=10)
+
+        for run in (waiting, holding):  # (the waiting one first: else it takes the room)
+            gone = httpx.delete(f"{server.address}/v1/runs/{run['id']}", timeout=10)
+            assert gone.json()["status"] == "cancelled", gone.text
+        assert "start 2 0" not in lines(calls)  # the waiting run never started
+
+        # A streaming run whose items pass 40 bytes keeps them in its events alone.
+        many = ended(server, submit(server, "items", {"n": 9, "steps": 4})["id"])
+        assert many["status"] == "succeeded" and many["result"] is None
+        items = _events(f"{server.address}/v1/runs/{many['id']}/events", None)
+        assert [json.loads(d)["item"] for _, k, d in items if k == "item"] == [
+            f"9:{s}" for s in range(4)
+        ]
+        few = ended(server, submit(server, "items", {"n": 8, "steps": 1})["id"])
+        assert few["result"] == [{"item": "8:0"}]
+    finally:
+        drain([server])
