@@ -8,6 +8,7 @@ import collections
 import json
 import signal
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,14 +104,24 @@ def test_a_background_run_answers_what_a_synchronous_request_answers(
             assert sync.status_code == 200
             assert done["result"] == sync.json()
             assert done["started"] >= done["created"] and done["ended"] >= done["started"]  # type: ignore[operator]
+        # curl, as a shell script submits one: 202, its Location, the run.
+        curl = subprocess.run(
+            ["curl", "-si", "-H", "Prefer: respond-async", "-d", '{"n": 9, "steps": 1}',
+             f"{server.address}/v1/scripts/steps"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        head, _, body = curl.stdout.partition("\n\n")  # (text mode: \r\n read as \n)
+        assert head.startswith("HTTP/1.1 202 Accepted")
+        assert f"location: /v1/runs/{json.loads(body)['id']}" in head.lower()
+        assert ended(server, json.loads(body)["id"])["result"] == {"n": 9, "out": ["9:0"]}
         listed = httpx.get(f"{server.address}/v1/runs", params={"status": "succeeded"}).json()
-        assert [r["entry"] for r in listed["data"]] == ["typed_steps", "steps"]  # newest first
-        page = httpx.get(f"{server.address}/v1/runs", params={"limit": 1}).json()
-        assert page["has_more"] and len(page["data"]) == 1
+        assert [r["entry"] for r in listed["data"]] == ["steps", "typed_steps", "steps"]
+        page = httpx.get(f"{server.address}/v1/runs", params={"limit": 2}).json()
+        assert page["has_more"] and len(page["data"]) == 2  # newest first
         after = httpx.get(
-            f"{server.address}/v1/runs", params={"before": page["data"][0]["id"]}
+            f"{server.address}/v1/runs", params={"before": page["data"][1]["id"]}
         ).json()
-        assert [r["entry"] for r in after["data"]] == ["steps"]
+        assert [r["entry"] for r in after["data"]] == ["steps"] and not after["has_more"]
         bad = httpx.get(f"{server.address}/v1/runs", params={"status": "done"})
         assert bad.status_code == 400 and bad.json()["error"]["path"] == "status"
         assert httpx.get(f"{server.address}/v1/runs/run-nope").status_code == 404
@@ -228,12 +239,14 @@ def _done_calls(db: Path) -> set[tuple[int, int]]:
     return done
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_frontend_killed_mid_run_has_its_runs_finished_by_the_next_without_redoing_a_call(
-    worker: Proc, store: str, config: Path, calls: Path
+    worker: Proc, store: str, config: Path, calls: Path, backend: str
 ) -> None:
     """50 runs of 4 remote steps; the frontend is killed with SIGKILL halfway; a second
-    one on the same store finishes every run with the answer an uninterrupted run gives,
-    no call the journal had finished is run again, and nothing is left running."""
+    one on the same store (on ``backend``) finishes every run with the answer an
+    uninterrupted run gives, no call the journal had finished is run again, and nothing
+    is left running."""
     first = serve(worker, store, config)
     runs = {}
     try:
@@ -246,7 +259,7 @@ def test_a_frontend_killed_mid_run_has_its_runs_finished_by_the_next_without_red
         drain([first])
     finished = _done_calls(Path(store.removeprefix("sqlite://")))
     assert finished and len(finished) < 200  # (killed halfway)
-    second = serve(worker, store, config)
+    second = serve(worker, store, config, "--backend", backend)
     try:
         for n, run_id in runs.items():
             done = ended(second, run_id, timeout=60)
