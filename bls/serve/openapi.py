@@ -61,10 +61,31 @@ def _components(entries: Mapping[str, Script]) -> tuple[list[Any], dict[str, Any
         return [{} for _ in types], {}
 
 
-def document(entries: Mapping[str, Script], title: str) -> dict[str, Any]:
+_RUN = {
+    "type": "object",
+    "required": ["id", "object", "entry", "status", "created"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "run"},
+        "entry": {"type": "string"},
+        "status": {"enum": ["queued", "running", "succeeded", "failed", "cancelled"]},
+        "created": {"type": "number"},
+        "started": {"type": ["number", "null"]},
+        "ended": {"type": ["number", "null"]},
+        "deadline": {"type": ["number", "null"]},
+        "result": {"description": "what a synchronous request answers (a stream: its items)"},
+        "error": {"type": ["object", "null"], "description": "the error body's `error`"},
+    },
+}
+
+
+def document(entries: Mapping[str, Script], title: str, runs: bool = False) -> dict[str, Any]:
+    """The document; ``runs``: background runs are offered (``Prefer: respond-async``
+    and the ``/v1/runs`` routes, docs/runs.md)."""
     refs, components = _components(entries)
     components["Error"] = _ERROR
     error_ref = {"$ref": _REF.format(name="Error")}
+    run_ref = {"$ref": _REF.format(name="Run")}
     paths: dict[str, Any] = {}
     for i, entry in enumerate(entries.values()):
         request, response = refs[2 * i], refs[2 * i + 1]
@@ -86,6 +107,11 @@ def document(entries: Mapping[str, Script], title: str) -> dict[str, Any]:
                 "description": why,
                 "content": {"application/json": {"schema": error_ref}},
             }
+        if runs:
+            responses["202"] = {
+                "description": "with Prefer: respond-async: the run, at /v1/runs/ID (Location)",
+                "content": {"application/json": {"schema": run_ref}},
+            }
         paths[f"/v1/scripts/{entry.name}"] = {
             "post": {
                 "operationId": entry.name,
@@ -104,6 +130,7 @@ def document(entries: Mapping[str, Script], title: str) -> dict[str, Any]:
                         "required": False,
                         "schema": {"type": "string"},
                     },
+                    *(_PREFER if runs else []),
                 ],
                 "requestBody": {
                     "required": True,
@@ -112,9 +139,90 @@ def document(entries: Mapping[str, Script], title: str) -> dict[str, Any]:
                 "responses": responses,
             }
         }
+    if runs:
+        components["Run"] = _RUN
+        paths.update(_run_paths(run_ref, error_ref))
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": "1"},
         "paths": paths,
         "components": {"schemas": components},
+    }
+
+
+_PREFER = [
+    {
+        "name": "Prefer",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string"},
+        "description": "respond-async: answer 202 at once, run in the background",
+    }
+]
+
+
+def _run_paths(run_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[str, Any]:
+    """The routes of background runs."""
+    run = {"application/json": {"schema": run_ref}}
+    missing = {"description": "no such run", "content": {"application/json": {"schema": error_ref}}}
+    one = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    listing = {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": run_ref},
+            "has_more": {"type": "boolean"},
+        },
+    }
+    query = [
+        {"name": "status", "in": "query", "schema": _RUN["properties"]["status"]},  # type: ignore[index]
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+        {"name": "before", "in": "query", "schema": {"type": "string"}},
+    ]
+    return {
+        "/v1/runs": {
+            "get": {
+                "operationId": "list_runs",
+                "summary": "background runs, newest first",
+                "parameters": query,
+                "responses": {
+                    "200": {
+                        "description": "a page",
+                        "content": {"application/json": {"schema": listing}},
+                    }
+                },
+            }
+        },
+        "/v1/runs/{id}": {
+            "get": {
+                "operationId": "get_run",
+                "summary": "a background run: its status, result or error",
+                "parameters": one,
+                "responses": {"200": {"description": "the run", "content": run}, "404": missing},
+            },
+            "delete": {
+                "operationId": "cancel_run",
+                "summary": "cancel a background run and every call under it",
+                "parameters": one,
+                "responses": {
+                    "200": {"description": "the run, ended", "content": run},
+                    "202": {"description": "its frontend was asked to cancel it", "content": run},
+                    "404": missing,
+                },
+            },
+        },
+        "/v1/runs/{id}/events": {
+            "get": {
+                "operationId": "run_events",
+                "summary": "SSE of the run's status changes and items, then end (Last-Event-ID)",
+                "parameters": one,
+                "responses": {
+                    "200": {
+                        "description": "events",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    "404": missing,
+                },
+            }
+        },
     }

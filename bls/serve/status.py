@@ -29,6 +29,7 @@ class Served(Protocol):
     metrics: Metrics
     traces: TraceStore
     title: str
+    runs: Any  # its background runs (None: not offered)
 
     @property
     def draining(self) -> bool: ...
@@ -105,7 +106,9 @@ class StatusRoutes:
 
     async def _openapi_json(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         if self._openapi is None:
-            self._openapi = _encode(openapi.document(self.frontend.entries, self.frontend.title))
+            frontend = self.frontend
+            runs = frontend.runs is not None
+            self._openapi = _encode(openapi.document(frontend.entries, frontend.title, runs))
         await respond(scope, send, 200, self._openapi, request_id_of(scope))
 
     async def _debug_list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:

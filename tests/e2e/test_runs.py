@@ -125,6 +125,10 @@ def test_a_background_run_answers_what_a_synchronous_request_answers(
         bad = httpx.get(f"{server.address}/v1/runs", params={"status": "done"})
         assert bad.status_code == 400 and bad.json()["error"]["path"] == "status"
         assert httpx.get(f"{server.address}/v1/runs/run-nope").status_code == 404
+        spec = httpx.get(f"{server.address}/openapi.json").json()
+        assert {"/v1/runs", "/v1/runs/{id}", "/v1/runs/{id}/events"} <= set(spec["paths"])
+        steps = spec["paths"]["/v1/scripts/steps"]["post"]
+        assert "202" in steps["responses"] and "Prefer" in [p["name"] for p in steps["parameters"]]
     finally:
         drain([server])
 
