@@ -49,7 +49,23 @@ from .errors import ErrorKind, InvalidRequest, StageError
 from .messages import convert
 from .scope import NO_CONTEXT, CallContext
 
-__all__ = ["CacheOptions", "CacheReport", "CacheStats", "CachedBinding", "cache_report"]
+__all__ = [
+    "CacheOptions",
+    "CacheReport",
+    "CacheStats",
+    "CachedBinding",
+    "cache_report",
+    "content_key",
+]
+
+
+def content_key(req: Any) -> bytes:
+    """An affinity key for a cached stage (``affinity = { function =
+    "bls.cache:content_key" }``, :mod:`bls.affinity`): the content hash of the request as
+    the script sends it (its arrays and tensors by dtype, shape and bytes, as the cache
+    hashes them), so that every frontend sends one image to the one replica whose cache
+    (``bls worker --cache``) holds it."""
+    return hashlib.blake2b(_encoder.encode(req), digest_size=20).digest()
 
 
 class CacheOptions(msgspec.Struct, forbid_unknown_fields=True):

@@ -197,6 +197,14 @@ def _worker(sub: Any) -> None:
         help="worker option (validated against the worker's Options type)",
     )
     p.add_argument(
+        "--cache",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep a result cache in this worker, shared by every caller (a unary stage): "
+        "capacity_mb=N (default 256), items=FIELD with results=FIELD (see docs/models.md)",
+    )
+    p.add_argument(
         "--curve-secret",
         metavar="FILE",
         help="serve with CURVE encryption using this secret key (bls keygen)",

@@ -26,6 +26,7 @@ from .scope import RequestScope
 
 if TYPE_CHECKING:
     from .batchfile import Call
+    from .bindings import Binding
     from .scriptfile import ScriptFile
 
 __all__ = ["batch", "bench", "check", "keygen", "replay", "run", "serve", "worker"]
@@ -222,6 +223,9 @@ def worker(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     # A script served as a stage calls stages of its own: bind them as its bls.toml says.
     script_file = binding.script_file if isinstance(obj, Script) else None
+    served: Binding = binding
+    if args.cache:
+        served = _cached(binding, args)
     config = load_config(script_file, args.config, args.bind)
     if args.max_frame_bytes is not None:
         config.transport.max_frame_bytes = args.max_frame_bytes
@@ -246,7 +250,7 @@ def worker(args: argparse.Namespace) -> int:
     )
     return anyio.run(
         lambda: run_worker(
-            binding,
+            served,
             args.listen,
             options,
             runtime=runtime,
@@ -345,13 +349,28 @@ def bench(args: argparse.Namespace) -> int:
 # -- shared by several commands ------------------------------------------------------
 
 
-def _parse_options(specs: list[str]) -> dict[str, Any]:
+def _cached(binding: Binding, args: argparse.Namespace) -> Binding:
+    """``bls worker --cache``: the stage behind a result cache of its own (bls/cache.py),
+    which every frontend's calls share (with affinity by content, each request's one)."""
+    from .cache import CachedBinding, CacheOptions
+
+    if binding.signature.streaming:
+        raise ConfigError(f"--cache: stage {binding.name!r} streams; a cache is for unary stages")
+    try:
+        options = msgspec.convert(_parse_options(args.cache, "--cache"), CacheOptions)
+        identity = {"stage": binding.name, "target": args.target, "options": args.option}
+        return CachedBinding(binding, options, identity)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ConfigError(f"--cache: {exc}") from None
+
+
+def _parse_options(specs: list[str], flag: str = "--option") -> dict[str, Any]:
     """``KEY=VALUE`` pairs; VALUE is JSON when it parses as JSON, else a string."""
     options: dict[str, Any] = {}
     for spec in specs:
         key, sep, raw = spec.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--option {spec!r}: expected KEY=VALUE")
+            raise ConfigError(f"{flag} {spec!r}: expected KEY=VALUE")
         try:
             options[key] = json.loads(raw)
         except json.JSONDecodeError:

@@ -5,9 +5,12 @@ so that nothing has to look inside a binding for them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 import msgspec
 
-__all__ = ["CacheStats", "StageCounts", "Traffic"]
+__all__ = ["CacheStats", "StageCounts", "Traffic", "cache_families"]
 
 
 class Traffic(msgspec.Struct):
@@ -38,3 +41,23 @@ class StageCounts(msgspec.Struct):
 
     traffic: dict[str, Traffic] = {}
     cache: CacheStats | None = None
+
+
+def cache_families(caches: Mapping[str, CacheStats]) -> Iterator[Any]:
+    """The Prometheus families of stages' result caches (``bls_cache_*``, by stage):
+    a frontend's (``bls serve``) and a worker's (``bls worker --cache``) alike."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if not caches:
+        return
+    for field, kind, doc in (
+        ("hits", CounterMetricFamily, "Cache hits, by stage"),
+        ("misses", CounterMetricFamily, "Cache misses (worker calls), by stage"),
+        ("evictions", CounterMetricFamily, "Entries evicted to stay under capacity"),
+        ("bytes", GaugeMetricFamily, "Bytes held by the cache"),
+        ("entries", GaugeMetricFamily, "Entries in the cache"),
+    ):
+        family = kind(f"bls_cache_{field}", doc, labels=["stage"])
+        for name, stats in caches.items():
+            family.add_metric([name], getattr(stats, field))
+        yield family

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import anyio
 import msgspec
 
-from bls.bindings import InlineBinding
+from bls.bindings import Binding
 from bls.errors import ErrorKind, InvalidRequest, StageError
 from bls.scope import CallContext, Reason, RequestScope
 from bls.tracing import Span, Trace, outcome_of
@@ -122,7 +122,7 @@ class CallRunner:
 
     def __init__(
         self,
-        binding: InlineBinding,
+        binding: Binding,
         stage: str,
         stats: WorkerStats,
         replies: Replies,

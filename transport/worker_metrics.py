@@ -1,5 +1,6 @@
 """``bls worker --metrics-port``: how loaded a worker is, in Prometheus text, for an
-autoscaler to scale its stage on (deploy/k8s/autoscaling.yaml, docs/deploy.md).
+autoscaler to scale its stage on (deploy/k8s/autoscaling.yaml, docs/deploy.md); and what
+its result cache did, when it keeps one (``--cache``).
 
 Served from a thread of its own (:mod:`.scrapes`), so a scrape never waits on the event
 loop, nor the loop on a scrape; it only reads counters the loop keeps.
@@ -13,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from bls.counts import cache_families
 
 from .scrapes import ScrapeServer
 from .worker_server import WorkerServer
@@ -56,6 +59,8 @@ class _Load:
         for outcome in ("completed", "failed", "cancelled", "deadline", "rejected"):
             calls.add_metric([server.stage, outcome], getattr(stats, outcome))
         yield calls
+        cache = server.binding.counts().cache  # (bls worker --cache)
+        yield from cache_families({server.stage: cache} if cache is not None else {})
 
 
 def busy_ratio(server: WorkerServer) -> float:

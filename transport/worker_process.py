@@ -19,7 +19,7 @@ import anyio.abc
 import msgspec
 import zmq
 
-from bls.bindings import InlineBinding
+from bls.bindings import Binding
 from bls.config import TransportConfig
 from bls.lifecycle import serve_until_signal
 from bls.runtime import Runtime
@@ -53,7 +53,7 @@ class WorkerOptions(msgspec.Struct, kw_only=True):
 
 
 async def run_worker(
-    binding: InlineBinding,
+    binding: Binding,
     address: str,
     options: WorkerOptions,
     *,
@@ -95,7 +95,7 @@ async def run_worker(
 
 
 def _server(
-    binding: InlineBinding,
+    binding: Binding,
     address: str,
     options: WorkerOptions,
     configure: Callable[[zmq.Socket[Any]], None],
@@ -143,7 +143,7 @@ def _zmq_context(options: WorkerOptions) -> Iterator[Callable[[zmq.Socket[Any]],
         ctx.destroy(linger=1000)
 
 
-async def _set_up(binding: InlineBinding, stage: str) -> None:
+async def _set_up(binding: Binding, stage: str) -> None:
     log.info("stage %r: setting up %s", stage, binding.description)
     started = time.monotonic()
     await binding.start()

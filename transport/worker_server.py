@@ -23,7 +23,7 @@ import anyio.lowlevel
 import msgspec
 import zmq
 
-from bls.bindings import InlineBinding
+from bls.bindings import Binding
 from bls.errors import ErrorKind, StageError
 from bls.lifecycle import Drain
 from bls.messages import json_schema
@@ -58,7 +58,7 @@ class WorkerServer:
 
     def __init__(
         self,
-        binding: InlineBinding,
+        binding: Binding,
         address: str,
         *,
         stage: str,

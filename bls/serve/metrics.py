@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..bindings import Binding
+from ..counts import cache_families
 from ..tracing import Span
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -225,20 +226,7 @@ def _histograms(
 
 def _caches(bindings: Mapping[str, Binding]) -> Iterator[Any]:
     """What each stage's result cache did and holds (bls/cache.py)."""
-    cached = {n: c for n, b in bindings.items() if (c := b.counts().cache) is not None}
-    if not cached:
-        return
-    for field, kind, doc in (
-        ("hits", CounterMetricFamily, "Cache hits, by stage"),
-        ("misses", CounterMetricFamily, "Cache misses (worker calls), by stage"),
-        ("evictions", CounterMetricFamily, "Entries evicted to stay under capacity"),
-        ("bytes", GaugeMetricFamily, "Bytes held by the cache"),
-        ("entries", GaugeMetricFamily, "Entries in the cache"),
-    ):
-        family = kind(f"bls_cache_{field}", doc, labels=["stage"])
-        for name, stats in cached.items():
-            family.add_metric([name], getattr(stats, field))
-        yield family
+    return cache_families({n: c for n, b in bindings.items() if (c := b.counts().cache)})
 
 
 def _traffic(bindings: Mapping[str, Binding]) -> Iterator[Any]:

@@ -4,6 +4,7 @@ replica from either frontend; a replica that dies moves only its own sessions.""
 
 from __future__ import annotations
 
+import base64
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .cli import ROOT
+from .cli import ROOT, bls_env
 from .procs import Proc, start, stop, wait_for
 
 SCRIPT = str(ROOT / "tests/e2e/affinity/sessions.py")
@@ -101,3 +102,79 @@ def test_a_session_header_keeps_a_session_on_one_replica(
     finally:
         stop(one.popen)
         stop(two.popen)
+
+
+EMBED = "tests/e2e/affinity/embed.py"
+
+
+def test_two_frontends_send_each_image_to_the_one_worker_cache_that_holds_it(
+    tmp_path: Path,
+) -> None:
+    """EPD's encoder across frontends: two `bls serve` processes, two encoder workers
+    each with its own cache (`--cache`), affinity by the image's content hash: each image
+    is computed once however many requests, typed or untyped, from either frontend ask for
+    it; the workers' /metrics count the hits."""
+    calls = tmp_path / "calls"
+    env = bls_env(BLS_EMBED_CALLS=str(calls))
+    procs: list[Proc] = []
+    try:
+        workers = []
+        for _ in range(2):
+            args = ["worker", f"{EMBED}:embed", "--listen", "tcp://127.0.0.1:0"]
+            workers.append(
+                start([*args, "--cache", "capacity_mb=16", "--metrics-port", "0"], env=env)
+            )
+        procs += workers
+        remote = ", ".join(f'"{w.address}"' for w in workers)
+        config = tmp_path / "epd.toml"
+        config.write_text(
+            f"[stages.embed]\nremote = [{remote}]\n"
+            # (balance 4: a burst of one request's images never spills off its replica)
+            'affinity = { function = "bls.cache:content_key", balance = 4 }\n'
+        )
+        frontends = [
+            start(["serve", EMBED, "--port", "0", "--config", str(config)]) for _ in range(2)
+        ]
+        procs += frontends
+        for turn in range(4):  # each image asked for 4 times, from both, typed and untyped
+            frontend = frontends[turn % 2]
+            entry = ("describe", "describe_plain")[turn // 2]
+            order = [*range(1 + 3 * turn, 11), *range(1, 1 + 3 * turn)]  # (in another order)
+            images = [base64.b64encode(bytes([n]) * 32).decode() for n in order]
+            answer = httpx.post(
+                f"{frontend.address}/v1/scripts/{entry}", json={"images": images}, timeout=30
+            )
+            assert answer.status_code == 200, answer.text
+            assert [v["values"] for v in answer.json()["vectors"]] == [[32, n] for n in order]
+        computed = calls.read_text().split()
+        assert sorted(computed) == sorted((bytes([n]) * 32).hex() for n in range(1, 11))
+        hits = sum(_metric(w, "bls_cache_hits_total") for w in workers)
+        misses = sum(_metric(w, "bls_cache_misses_total") for w in workers)
+        assert (hits, misses) == (30, 10)
+    finally:
+        for proc in procs:
+            stop(proc.popen)
+
+
+def _metric(worker: Proc, name: str) -> float:
+    url = next(
+        line.split("metrics on ")[1].strip() for line in worker.lines if "metrics on " in line
+    )
+    text = httpx.get(url, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_worker_cache_that_cannot_be_is_refused_at_start() -> None:
+    from .cli import run_bls
+
+    bad = run_bls("worker", f"{EMBED}:embed", "--listen", "tcp://127.0.0.1:0",
+                  "--cache", "capacity_mb=0")  # fmt: skip
+    assert bad.returncode == 1 and "--cache: cache: capacity_mb must be positive" in bad.stderr
+    unknown = run_bls("worker", f"{EMBED}:embed", "--listen", "tcp://127.0.0.1:0",
+                      "--cache", "size=3")  # fmt: skip
+    assert unknown.returncode == 1 and "--cache: Object contains unknown field `size`" in (
+        unknown.stderr
+    )
+    streaming = run_bls("worker", "tests/e2e/pipelines/remote_stages.py:ticks",
+                        "--listen", "tcp://127.0.0.1:0", "--cache", "capacity_mb=1")  # fmt: skip
+    assert streaming.returncode == 1 and "a cache is for unary stages" in streaming.stderr
