@@ -331,3 +331,36 @@ def test_every_bound_of_runs_holds_against_a_flood_and_the_server_serves_on(
         assert few["result"] == [{"item": "8:0"}]
     finally:
         drain([server])
+
+
+def test_two_frontends_on_one_store_act_as_one(
+    worker: Proc, store: str, config: Path, calls: Path
+) -> None:
+    """Runs submitted to one frontend are read, followed and cancelled through another
+    on the same store; queued runs start wherever there is room."""
+    first = serve(worker, store, config)
+    second = serve(worker, store, config)
+    try:
+        slow = submit(first, "steps", {"n": 1, "steps": 1, "extra": {"sleep": 60}})
+        wait_for(lambda: "start 1 0" in lines(calls), timeout=10)
+        # The other frontend reads it, and follows its events (from the store).
+        seen = httpx.get(f"{second.address}/v1/runs/{slow['id']}").json()
+        assert seen["status"] == "running"
+        url = f"{second.address}/v1/runs/{slow['id']}/events"
+        with httpx.stream("GET", url, timeout=30) as events:
+            reading = events.iter_lines()
+            assert next(reading) == "id: 1"
+            # Cancelled through it: its owner is asked, and carries it out.
+            asked = httpx.delete(f"{second.address}/v1/runs/{slow['id']}", timeout=10)
+            assert asked.status_code == 202 and asked.json()["status"] == "running"
+            rest = list(reading)
+        assert any(line == "event: end" for line in rest)
+        assert ended(second, slow["id"])["status"] == "cancelled"
+        wait_for(lambda: "cancel 1 0" in lines(calls), timeout=10)  # the remote call too
+        # A streamed run of the first, followed through the second from the start.
+        run = submit(first, "items", {"n": 2, "steps": 3})
+        got = _events(f"{second.address}/v1/runs/{run['id']}/events", None)
+        items = [json.loads(d)["item"] for _, k, d in got if k == "item"]
+        assert items == ["2:0", "2:1", "2:2"] and got[-1][1] == "end"
+    finally:
+        drain([first, second])
