@@ -261,6 +261,16 @@ def _serve(sub: Any) -> None:
         "(records-*.blsseg) under its request id (bls replay DIR --id ID SCRIPT replays one)",
     )
     p.add_argument(
+        "--processes",
+        default="1",
+        metavar="N",
+        help="serve with N frontend processes on the port (auto: one per CPU), started, "
+        "restarted and drained by this one; --max-inflight and --max-queued are divided "
+        "between them, /metrics is all of theirs (see docs/deploy.md; default 1)",
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--shared-metrics", metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument(
         "--runs",
         metavar="URL",
         help="the store of background runs' journals: sqlite:///PATH, or 'off' (no "

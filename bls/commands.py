@@ -290,6 +290,9 @@ def serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, verbose=args.verbose)
     if args.no_access_log:
         logging.getLogger("bls.access").setLevel(logging.WARNING)
+    processes = _processes(args.processes)
+    if processes > 1:
+        return _supervise(args, processes)
     if args.server == "uvicorn" and args.backend == "trio":
         raise ConfigError("--server uvicorn runs on asyncio only: use --server hypercorn with trio")
     # Stages record when asked to, and for background runs' journals.
@@ -322,10 +325,46 @@ def serve(args: argparse.Namespace) -> int:
             server=args.server,
             model_aliases=args.model_alias,
             record_to=args.record,
+            reuse_port=args.reuse_port,
+            shared_metrics=args.shared_metrics,
             on_ready=lambda url, down: emit(ready_line(url, down)),
         ),
         backend=args.backend,
         backend_options=options,
+    )
+
+
+def _processes(given: str) -> int:
+    from .serve.processes import auto
+
+    if given == "auto":
+        return auto()
+    try:
+        n = int(given)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 256:
+        raise ConfigError(f"--processes {given!r}: expected 1 to 256, or auto")
+    return n
+
+
+def _supervise(args: argparse.Namespace, processes: int) -> int:
+    """``bls serve --processes N``: N children of this command (:mod:`.serve.processes`)."""
+    from .serve.processes import child_args, supervise
+
+    argv = sys.argv[1:]
+    argv = argv[argv.index("serve") + 1 :] if "serve" in argv else argv
+    limits = {"--max-inflight": args.max_inflight, "--max-queued": args.max_queued}
+    if args.max_inflight < processes:
+        raise ConfigError(f"--max-inflight {args.max_inflight}: fewer than --processes {processes}")
+    return supervise(
+        child_args(argv),
+        processes,
+        args.host,
+        args.port,
+        args.grace,
+        limits,
+        on_ready=lambda url: emit(ready_line(url, [])),
     )
 
 

@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..bindings import Binding
 from ..counts import cache_families
 from ..tracing import Span
+from .metrics_share import SharedMetrics
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -73,6 +74,7 @@ class Metrics:
         self._queued = queued
         self._bindings: Mapping[str, Binding] = {}
         self._runs: Any = None  # a .runs.Runs: its live runs and outcomes
+        self.shared: SharedMetrics | None = None  # one of several processes' (--processes)
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -119,6 +121,12 @@ class Metrics:
         self._runs = runs
 
     def render(self) -> bytes:
+        """The Prometheus text: this process's; with siblings (``bls serve --processes``,
+        :attr:`shared`), all of theirs merged in."""
+        own = generate_latest(self.registry)
+        return own if self.shared is None else self.shared.merged(own)
+
+    def render_own(self) -> bytes:
         return generate_latest(self.registry)
 
     # -- the collector prometheus-client calls at scrape time ------------------------------

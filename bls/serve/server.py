@@ -30,6 +30,7 @@ from ..record_writer import RecordWriter
 from ..scriptfile import ScriptFile
 from .app import Frontend
 from .intake import Limits
+from .metrics_share import SharedMetrics
 from .runs import Runs
 
 __all__ = ["serve"]
@@ -37,12 +38,16 @@ __all__ = ["serve"]
 log = logging.getLogger("bls.serve")
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The listening socket (``reuse_port``: one of several processes' on the port, each
+    its own socket, the kernel spreading connections over them: ``--processes``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY on accepted connections only when
     # the protocol says TCP, and without it small responses wait ~40 ms for delayed ACKs.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -204,10 +209,15 @@ async def serve(
     model_aliases: Sequence[str] = (),
     record_to: str | None = None,
     on_ready: Callable[[str, list[str]], None] = lambda url, _: print(f"ready {url}", flush=True),
+    reuse_port: bool = False,
+    shared_metrics: str | None = None,
 ) -> int:
     """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0).
     ``on_ready(url, unreachable)`` is told the URL and the stages not reachable yet;
-    ``record_to``: a folder each request's record is written to (its bindings record)."""
+    ``record_to``: a folder each request's record is written to (its bindings record).
+    ``reuse_port`` and ``shared_metrics`` (a folder): one of the processes of ``bls serve
+    --processes`` (:mod:`.processes`), on the port with its siblings, its ``/metrics``
+    theirs too (:mod:`.metrics_share`)."""
     backend, server, run_server = _server_for(server)
     from .otel import from_environment
 
@@ -246,7 +256,10 @@ async def serve(
             )
             if runs is not None:
                 await tg.start(runs.keep)  # (runs left by a frontend that died go on now)
-            sock = _listen(host, port)
+            if shared_metrics is not None:
+                frontend.metrics.shared = shared = SharedMetrics(shared_metrics)
+                tg.start_soon(shared.publish, frontend.metrics.render_own)
+            sock = _listen(host, port, reuse_port)
             stop = anyio.Event()
 
             def ready(_: object) -> None:
