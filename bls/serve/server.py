@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ..journal import JournalError, open_journal
+from ..journal import Journal, JournalError, open_journal
 from ..lifecycle import serve_until_signal
 from ..record_writer import RecordWriter
 from ..scriptfile import ScriptFile
@@ -199,6 +199,32 @@ def _settle_memory() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
+def _journal(store: str | None) -> Journal | None:
+    """The store of background runs (None: off). One the operator named must open; the
+    default one that cannot (a read-only home) leaves runs off, said in the log."""
+    if store == "off":
+        return None
+    try:
+        return open_journal(store)
+    except JournalError as exc:
+        if store is not None:
+            raise
+        log.warning("background runs are off: %s (name a store with --runs)", exc)
+        return None
+
+
+async def _start_beside(
+    frontend: Frontend, tg: anyio.abc.TaskGroup, shared_metrics: str | None
+) -> None:
+    """What runs beside the server in ``tg``: the background runs' keeper (runs left by
+    a frontend that died go on now), and this process's part of a shared ``/metrics``."""
+    if frontend.runs is not None:
+        await tg.start(frontend.runs.keep)
+    if shared_metrics is not None:
+        frontend.metrics.shared = shared = SharedMetrics(shared_metrics)
+        tg.start_soon(shared.publish, frontend.metrics.render_own)
+
+
 async def serve(
     app: ScriptFile,
     host: str,
@@ -224,15 +250,7 @@ async def serve(
     export = from_environment()
     # (Made before anything starts: a folder that cannot be written is an error now.)
     records = RecordWriter(record_to, app.path, finish_s=limits.grace) if record_to else None
-    runs_config = app.config.runs
-    journal = None
-    if runs_config.store != "off":
-        try:
-            journal = open_journal(runs_config.store)
-        except JournalError as exc:
-            if runs_config.store is not None:
-                raise  # (a store the operator named: serving without it would be wrong)
-            log.warning("background runs are off: %s (name a store with --runs)", exc)
+    journal = _journal(app.config.runs.store)
     async with contextlib.AsyncExitStack() as stack:
         if records is not None:
             await stack.enter_async_context(records)
@@ -241,7 +259,7 @@ async def serve(
         async with app.runtime(start_unreachable=True) as runtime, anyio.create_task_group() as tg:
             runs = None
             if journal is not None:
-                runs = Runs(journal, runtime, app.entries, app.path, runs_config)
+                runs = Runs(journal, runtime, app.entries, app.path, app.config.runs)
                 log.info("background runs: %s", journal.url())
             frontend = Frontend(
                 app.entries,
@@ -254,11 +272,7 @@ async def serve(
                 admission=app.config.admission,
                 runs=runs,
             )
-            if runs is not None:
-                await tg.start(runs.keep)  # (runs left by a frontend that died go on now)
-            if shared_metrics is not None:
-                frontend.metrics.shared = shared = SharedMetrics(shared_metrics)
-                tg.start_soon(shared.publish, frontend.metrics.render_own)
+            await _start_beside(frontend, tg, shared_metrics)
             sock = _listen(host, port, reuse_port)
             stop = anyio.Event()
 

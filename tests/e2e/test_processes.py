@@ -15,16 +15,9 @@ SCRIPT = "tests/e2e/processes/pids.py"
 
 
 def _children(parent: int) -> list[int]:
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                kids.append(int(entry.name))
-    return kids
+    """The processes ``parent`` started (none once it has exited)."""
+    listed = Path(f"/proc/{parent}/task/{parent}/children")
+    return [int(p) for p in listed.read_text().split()] if listed.exists() else []
 
 
 def _cmdline(pid: int) -> list[str]:
