@@ -20,8 +20,6 @@ Printed: encoder calls (cache misses, summed over the caches) per unique image s
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import random
 import subprocess
 import sys
@@ -33,23 +31,10 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _procs import BLS, spawn, stop_all  # noqa: E402
+from epd import pool  # noqa: E402  (the same distinct images)
 
 SCRIPT = str(HERE / "serving" / "encode.py")
 ENCODER = "bls.models.encoder:VisionEncoder"
-
-
-def pool(n: int) -> list[str]:
-    """``n`` distinct 64x64 PNGs (noise), base64."""
-    from PIL import Image
-
-    rng = random.Random(0)
-    out = []
-    for _ in range(n):
-        image = Image.frombytes("RGB", (64, 64), rng.randbytes(64 * 64 * 3))
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        out.append(base64.b64encode(buf.getvalue()).decode())
-    return out
 
 
 def misses(urls: list[str]) -> float:

@@ -33,13 +33,14 @@ import anyio
 import anyio.abc
 
 from .recording import Record, dump
-from .segments import FRAME, Segment
+from .segments import FRAME, Segment, whole_frames
 
 __all__ = ["BACKLOG_BYTES", "RecordWriter", "write_segments"]
 
 log = logging.getLogger("bls")
 
 BACKLOG_BYTES = 64 * 1024 * 1024  # records waiting for the writer, at most
+_READ_BYTES = 1 << 20  # what the writer reads of its pipe at once
 _BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
 _RESTART_S = 1.0  # between a writer's death and its replacement
 # Records wait this long to go to the writer with those that follow: a pipe write and a
@@ -321,7 +322,7 @@ def write_segments(folder: str | Path) -> int:
             if not data:
                 return written  # (a record cut short by the server stopping is dropped)
             pending += data
-            frames, pending = _whole_frames(pending)
+            frames, pending = whole_frames(pending)
             if not frames:
                 continue
             try:
@@ -346,20 +347,3 @@ def write_segments(folder: str | Path) -> int:
                 pass  # the server stopped reading: it counts what it can
     finally:
         segment.close()
-
-
-_READ_BYTES = 1 << 20
-
-
-def _whole_frames(data: bytes) -> tuple[list[bytes], bytes]:
-    """The whole frames at the start of ``data``, and what is left of it."""
-    frames = []
-    at = 0
-    while len(data) - at >= FRAME.size:
-        name_len, data_len = FRAME.unpack_from(data, at)
-        end = at + FRAME.size + name_len + data_len
-        if end > len(data):
-            break
-        frames.append(data[at:end])
-        at = end
-    return frames, data[at:]

@@ -175,13 +175,14 @@ class Frontend:
             why = f"no entry {name!r} (entries: {', '.join(self.entries)})"
             await _refuse(scope, send, HttpError(404, "not_found", why))
             return
-        await self._accept(scope, receive, send, entry, self._answer_or_submit)
+        run = self._answer_entry if self.runs is None else self._answer_or_submit
+        await self._accept(scope, receive, send, entry, run)
 
     async def _answer_or_submit(
         self, scope: Scope, send: Send, entry: Script, req: Any, request: Request, body: bytes
     ) -> None:
-        """The answer; or, asked ``Prefer: respond-async`` where runs are kept, a run."""
-        if self.runs is not None and wants_async(request.headers.prefer):
+        """The answer; or, asked ``Prefer: respond-async`` (runs are kept), a run."""
+        if wants_async(request.headers.prefer):
             await self._submit(scope, send, entry, req, request, body)
         else:
             await self._answer_entry(scope, send, entry, req, request, body)

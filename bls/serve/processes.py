@@ -22,13 +22,14 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.abc
+
+from .server import bound
 
 __all__ = ["EXIT_S", "RESTART_S", "auto", "child_args", "shares", "supervise"]
 
@@ -59,7 +60,7 @@ def supervise(
 ) -> int:
     """Run ``processes`` children of ``bls serve ARGV`` (see the module's docstring);
     ``limits``: ``--max-inflight`` and ``--max-queued`` as given, to divide."""
-    held = _hold(host, port)
+    held = bound(host, port, reuse_port=True)  # (the port held, not listening)
     folder = tempfile.mkdtemp(prefix="bls-metrics-")
     try:
         port = held.getsockname()[1]
@@ -87,20 +88,6 @@ def child_args(argv: Sequence[str]) -> list[str]:
         elif not arg.startswith(tuple(f"{flag}=" for flag in _OWN)):
             out.append(arg)
     return out
-
-
-def _hold(host: str, port: int) -> socket.socket:
-    """The port, bound with SO_REUSEPORT and not listening (``--port 0``: a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    return sock
 
 
 class _Children:

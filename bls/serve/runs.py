@@ -275,8 +275,7 @@ class Runs:
             error = HttpError(500, "recovery_diverged", str(resume.diverged), entry=entry.name)
             self._finish(row.id, "failed", error=error.body(), live=live)
         elif scope.reason is Reason.CANCELLED:
-            error = HttpError(499, "cancelled", "the run was cancelled", entry=entry.name)
-            self._finish(row.id, "cancelled", error=error.body(), live=live)
+            self._finish(row.id, "cancelled", error=_cancelled(row.entry), live=live)
         elif scope.reason is Reason.DEADLINE:
             why = "the run's deadline passed"
             error = HttpError(504, "deadline_exceeded", why, entry=entry.name)
@@ -370,13 +369,17 @@ class Runs:
                 while row.id in self.live:
                     await live.changed.wait()
         elif row.lease < time.time() or row.status == "queued":
-            error = HttpError(499, "cancelled", "the run was cancelled", entry=row.entry)
-            self._finish(row.id, "cancelled", error=error.body())
+            self._finish(row.id, "cancelled", error=_cancelled(row.entry))
         else:
             self.journal.ask_cancel(row.id)
             return 202, self.journal.get(row.id) or row
         current = self.journal.get(row.id) or row
         return (200 if current.status in TERMINAL else 202), current
+
+
+def _cancelled(entry: str) -> bytes:
+    """The error body of a run that was cancelled (DELETE)."""
+    return HttpError(499, "cancelled", "the run was cancelled", entry=entry).body()
 
 
 def error_object(error: bytes | None) -> bytes:

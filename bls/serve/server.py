@@ -33,14 +33,14 @@ from .intake import Limits
 from .metrics_share import SharedMetrics
 from .runs import Runs
 
-__all__ = ["serve"]
+__all__ = ["bound", "serve"]
 
 log = logging.getLogger("bls.serve")
 
 
-def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """The listening socket (``reuse_port``: one of several processes' on the port, each
-    its own socket, the kernel spreading connections over them: ``--processes``)."""
+def bound(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``reuse_port``: with ``SO_REUSEPORT``, one of
+    several on the port, ``--processes``); OSError naming the address and why not."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY on accepted connections only when
     # the protocol says TCP, and without it small responses wait ~40 ms for delayed ACKs.
@@ -53,6 +53,12 @@ def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The listening socket (:func:`bound`, then listening, non-blocking)."""
+    sock = bound(host, port, reuse_port)
     sock.listen(2048)
     sock.setblocking(False)
     return sock
