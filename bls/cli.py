@@ -273,7 +273,8 @@ def _serve(sub: Any) -> None:
     p.add_argument(
         "--runs",
         metavar="URL",
-        help="the store of background runs' journals: sqlite:///PATH, or 'off' (no "
+        help="the store of background runs' journals: sqlite:///PATH, "
+        "postgresql://USER@HOST/DB (frontends on several hosts), or 'off' (no "
         "background runs). Default: [runs] store in bls.toml, else "
         "$XDG_STATE_HOME/bls/runs.sqlite3 (see docs/runs.md)",
     )

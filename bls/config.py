@@ -19,10 +19,10 @@ import msgspec
 
 from .bindings import Binding
 from .cache import CachedBinding, CacheOptions
-from .journal import anchored
 from .messages import unknown_field_hint
 from .paths import missing
 from .policy import policy_from
+from .stores import anchored
 from .targets import binding_for, load_target, scheme_of
 
 __all__ = [

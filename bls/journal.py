@@ -3,53 +3,33 @@ request when it starts, its result or error when it ends) and its outcome, in a 
 that outlives the frontend (``bls serve --runs URL``; :mod:`bls.serve.runs` writes it,
 :mod:`bls.resume` reads it back to recover a run).
 
-One store is written here: SQLite (``sqlite:///PATH``, or a plain path), the default, in
-:func:`default_path`. It is opened in WAL mode with ``synchronous=NORMAL``: each write is
-committed before the run goes on, and a commit is in the operating system's hands at
-once, so a frontend killed with SIGKILL loses nothing it wrote; a power loss may lose
-the last commits (up to the last checkpoint's ``fsync``). Several frontends on one
-machine may share the file: SQLite locks it, a writer waits for another at most
-:data:`BUSY_MS`.
+:class:`Journal` is the one interface of a store, and the SQL every store shares; the
+stores themselves (SQLite, the default, and PostgreSQL), what each guarantees, and how
+a URL names one are in :mod:`bls.stores`.
 
 Each run has an owner (the frontend running it) and a lease that the owner renews
 (:meth:`Journal.renew`); a run whose lease ran out belongs to whoever claims it next
 (:meth:`Journal.claim`): that is how a frontend that died has its runs taken over.
 Calls are stored as :class:`bls.recording.RecordedCall` (msgpack), numbered in the
 order they started; a call without an end was in flight when its frontend stopped.
-
-Calls are made on the event loop's thread: a write is a few tens of microseconds on a
-local disk (``bench/background_runs.py`` measures what it costs a run).
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import time
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import msgspec
 
 from .recording import RecordedCall
 
-__all__ = [
-    "BUSY_MS",
-    "STATUSES",
-    "TERMINAL",
-    "Journal",
-    "JournalError",
-    "RunRow",
-    "anchored",
-    "default_path",
-    "open_journal",
-]
+__all__ = ["SCHEMA", "STATUSES", "TERMINAL", "Journal", "JournalError", "RunRow"]
 
-BUSY_MS = 5000  # how long a write waits for another frontend's, at most
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+_EVERY = 2**62  # LIMIT with no limit, in SQL both stores read
 
 _call_encoder = msgspec.msgpack.Encoder()
 _call_decoder = msgspec.msgpack.Decoder(RecordedCall)
@@ -81,101 +61,63 @@ class RunRow(msgspec.Struct, kw_only=True):
     cancel: bool = False  # a cancel was asked (DELETE), for its owner to carry out
 
 
-_SCHEMA = """
+# The schema, in each store's words for bytes and floats ({blob}, {real}, {compact}).
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, script TEXT NOT NULL, entry TEXT NOT NULL, status TEXT NOT NULL,
-    request BLOB NOT NULL, priority INTEGER NOT NULL, created REAL NOT NULL,
-    started REAL, ended REAL, deadline REAL, result BLOB, error BLOB,
-    owner TEXT, lease REAL NOT NULL, cancel INTEGER NOT NULL DEFAULT 0
+    request {blob} NOT NULL, priority INTEGER NOT NULL, created {real} NOT NULL,
+    started {real}, ended {real}, deadline {real}, result {blob}, error {blob},
+    owner TEXT, lease {real} NOT NULL, cancel INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (script, status, lease);
 CREATE INDEX IF NOT EXISTS runs_by_age ON runs (created);
 CREATE TABLE IF NOT EXISTS calls (
-    run TEXT NOT NULL, seq INTEGER NOT NULL, call BLOB NOT NULL, done INTEGER NOT NULL,
+    run TEXT NOT NULL, seq INTEGER NOT NULL, call {blob} NOT NULL, done INTEGER NOT NULL,
     PRIMARY KEY (run, seq)
-) WITHOUT ROWID;
+){compact};
 CREATE TABLE IF NOT EXISTS events (
-    run TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, data BLOB NOT NULL,
+    run TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, data {blob} NOT NULL,
     PRIMARY KEY (run, seq)
-) WITHOUT ROWID;
+){compact};
 """
 _COLUMNS = tuple(RunRow.__struct_fields__)
 
 
-def default_path() -> Path:
-    """Where runs are kept when no store is named: ``$BLS_STATE_DIR/runs.sqlite3``, else
-    ``$XDG_STATE_HOME/bls/runs.sqlite3``, else ``~/.local/state/bls/runs.sqlite3``."""
-    folder = os.environ.get("BLS_STATE_DIR")
-    if not folder:
-        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-        folder = str(Path(state) / "bls")
-    return Path(folder) / "runs.sqlite3"
-
-
-def open_journal(url: str | None) -> Journal:
-    """The store ``url`` names: ``sqlite://PATH`` (``sqlite:///var/runs.db`` is
-    ``/var/runs.db``), or a plain path; None: the default (:func:`default_path`).
-    :class:`JournalError` for another scheme or a file that cannot be opened."""
-    if url is None:
-        return Journal(default_path())
-    parts = urlsplit(url)
-    if parts.scheme == "":
-        return Journal(Path(url))
-    if parts.scheme == "sqlite":
-        path = unquote(url[len("sqlite://") :])  # sqlite:///tmp/runs: /tmp/runs
-        if not path.strip("/"):
-            raise JournalError(f"--runs {url}: no file (write sqlite:///PATH)")
-        return Journal(Path(path))
-    if parts.scheme in ("postgresql", "postgres"):
-        raise JournalError(
-            f"--runs {parts.scheme}://...: PostgreSQL is not supported yet; "
-            "use sqlite:///PATH (several frontends on one machine may share the file)"
-        )
-    raise JournalError(f"--runs {url}: unknown store {parts.scheme!r} (use sqlite:///PATH)")
-
-
-def anchored(url: str, base: Path) -> str:
-    """A store named in a file (``[runs] store``), a relative path in it made relative
-    to ``base``, the file's folder."""
-    if url == "off" or urlsplit(url).scheme not in ("", "sqlite"):
-        return url
-    sqlite = url.startswith("sqlite:")
-    path = Path(unquote(url[len("sqlite://") :]) if sqlite else url).expanduser()
-    if path.is_absolute():
-        return url
-    return f"sqlite://{base / path}" if sqlite else str(base / path)
-
-
 class Journal:
-    """The SQLite store (see the module's docstring). Every method commits before it
-    returns; :class:`JournalError` when the file cannot be written."""
+    """The runs store (see the module's docstring): the SQL both stores read, written with
+    ``?`` for each parameter. Every method commits before it returns;
+    :class:`JournalError` when the store cannot be written or read."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_MS / 1000)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise JournalError(f"cannot open the runs store {path}: {exc}") from None
+    _lock_rows = ""  # what makes claim()'s read lock the rows it will write, in this store
 
     def close(self) -> None:
-        self._db.close()
+        raise NotImplementedError
 
     def url(self) -> str:
-        return f"sqlite://{self.path.resolve()}"
+        """The store, for the log (a password left out)."""
+        raise NotImplementedError
+
+    def _execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        """Run one statement; its cursor."""
+        raise NotImplementedError
+
+    def _execute_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    def _transaction(self) -> AbstractContextManager[None]:
+        """A read and the writes it decides, with no other frontend's write between."""
+        raise NotImplementedError
 
     # -- runs -----------------------------------------------------------------------------
 
     def create(self, run: RunRow) -> None:
         values = [getattr(run, c) for c in _COLUMNS]
+        values[_COLUMNS.index("cancel")] = int(run.cancel)  # (an INTEGER, 0 or 1)
         marks = ", ".join("?" * len(_COLUMNS))
-        self._db.execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({marks})", values)
+        self._execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({marks})", values)
 
     def get(self, run_id: str) -> RunRow | None:
-        row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE id = ?", (run_id,))
+        row = self._execute(f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE id = ?", (run_id,))
         found = row.fetchone()
         return None if found is None else _row(found)
 
@@ -195,10 +137,10 @@ class Journal:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created DESC, id DESC LIMIT ?"
-        return [_row(r) for r in self._db.execute(sql, (*args, limit))]
+        return [_row(r) for r in self._execute(sql, (*args, limit)).fetchall()]
 
     def started(self, run_id: str, owner: str, lease: float) -> None:
-        self._db.execute(
+        self._execute(
             "UPDATE runs SET status = 'running', started = coalesce(started, ?), owner = ?, "
             "lease = ? WHERE id = ? AND status IN ('queued', 'running')",
             (time.time(), owner, lease, run_id),
@@ -210,37 +152,37 @@ class Journal:
         """The run's outcome, once: False when it had one already (a cancel that came
         first)."""
         assert status in TERMINAL
-        done = self._db.execute(
+        done = self._execute(
             "UPDATE runs SET status = ?, result = ?, error = ?, ended = ?, lease = 0 "
             "WHERE id = ? AND status NOT IN ('succeeded', 'failed', 'cancelled')",
             (status, result, error, time.time(), run_id),
         )
-        return done.rowcount == 1
+        return bool(done.rowcount == 1)
 
     def queued(self, script: str) -> int:
         """How many runs of ``script`` wait to start."""
-        row = self._db.execute(
+        row = self._execute(
             "SELECT count(*) FROM runs WHERE script = ? AND status = 'queued'", (script,)
         ).fetchone()
         return int(row[0])
 
     def ask_cancel(self, run_id: str) -> None:
-        self._db.execute("UPDATE runs SET cancel = 1 WHERE id = ?", (run_id,))
+        self._execute("UPDATE runs SET cancel = 1 WHERE id = ?", (run_id,))
 
     def claim(self, script: str, owner: str, lease: float, limit: int) -> list[RunRow]:
         """Up to ``limit`` unfinished runs of ``script`` whose owner's lease ran out (or
         that were never started), now ``owner``'s until ``lease``; queued ones by priority,
-        then oldest first."""
+        then oldest first. Two frontends claiming at once never both get a run."""
         now = time.time()
         with self._transaction():
-            rows = self._db.execute(
+            rows = self._execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE script = ? "
                 "AND status IN ('queued', 'running') AND lease < ? "
-                "ORDER BY priority DESC, created, id LIMIT ?",
+                f"ORDER BY priority DESC, created, id LIMIT ?{self._lock_rows}",
                 (script, now, limit),
             ).fetchall()
             runs = [_row(r) for r in rows]
-            self._db.executemany(
+            self._execute_many(
                 "UPDATE runs SET owner = ?, lease = ? WHERE id = ?",
                 [(owner, lease, run.id) for run in runs],
             )
@@ -255,12 +197,12 @@ class Journal:
         if not ids:
             return []
         with self._transaction():
-            self._db.executemany(
+            self._execute_many(
                 "UPDATE runs SET lease = ? WHERE id = ? AND owner = ?",
                 [(lease, run_id, owner) for run_id in ids],
             )
             marks = ", ".join("?" * len(ids))
-            rows = self._db.execute(
+            rows = self._execute(
                 f"SELECT id FROM runs WHERE id IN ({marks}) AND (cancel = 1 OR owner != ? "
                 "OR status NOT IN ('queued', 'running'))",
                 (*ids, owner),
@@ -270,7 +212,7 @@ class Journal:
     def release(self, owner: str, run_ids: Iterable[str]) -> None:
         """``owner`` gives its unfinished runs ``run_ids`` up (it is stopping): the next
         frontend takes them over at once."""
-        self._db.executemany(
+        self._execute_many(
             "UPDATE runs SET lease = 0 WHERE id = ? AND owner = ?",
             [(run_id, owner) for run_id in run_ids],
         )
@@ -280,23 +222,23 @@ class Journal:
         newest ``keep`` finished ones; how many went."""
         gone: set[str] = set()
         if older_than is not None:
-            rows = self._db.execute(
+            rows = self._execute(
                 "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
                 "AND ended < ?",
                 (time.time() - older_than,),
             )
-            gone.update(r[0] for r in rows)
+            gone.update(r[0] for r in rows.fetchall())
         if keep is not None:
-            rows = self._db.execute(
+            rows = self._execute(
                 "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
-                "ORDER BY created DESC, id DESC LIMIT -1 OFFSET ?",
-                (keep,),
+                "ORDER BY created DESC, id DESC LIMIT ? OFFSET ?",
+                (_EVERY, keep),
             )
-            gone.update(r[0] for r in rows)
+            gone.update(r[0] for r in rows.fetchall())
         if gone:
             with self._transaction():
                 for table, column in (("runs", "id"), ("calls", "run"), ("events", "run")):
-                    self._db.executemany(
+                    self._execute_many(
                         f"DELETE FROM {table} WHERE {column} = ?", [(g,) for g in gone]
                     )
         return len(gone)
@@ -305,57 +247,41 @@ class Journal:
 
     def call(self, run_id: str, seq: int, call: RecordedCall, done: bool) -> None:
         """Call ``seq`` of the run: as it starts (``done`` False), then as it ended."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO calls (run, seq, call, done) VALUES (?, ?, ?, ?)",
+        self._execute(
+            "INSERT INTO calls (run, seq, call, done) VALUES (?, ?, ?, ?) ON CONFLICT "
+            "(run, seq) DO UPDATE SET call = excluded.call, done = excluded.done",
             (run_id, seq, _call_encoder.encode(call), int(done)),
         )
 
     def calls(self, run_id: str) -> list[tuple[int, RecordedCall, bool]]:
         """The run's calls in the order they started: (seq, call, whether it ended)."""
-        rows = self._db.execute(
+        rows = self._execute(
             "SELECT seq, call, done FROM calls WHERE run = ? ORDER BY seq", (run_id,)
-        )
+        ).fetchall()
         return [(seq, _call_decoder.decode(data), bool(done)) for seq, data, done in rows]
 
     # -- events (a run's items and status changes, for GET /v1/runs/ID/events) -------------
 
     def event(self, run_id: str, seq: int, kind: str, data: bytes) -> None:
-        self._db.execute(
+        self._execute(
             "INSERT INTO events (run, seq, kind, data) VALUES (?, ?, ?, ?)",
             (run_id, seq, kind, data),
         )
 
     def events(self, run_id: str, after: int = 0, limit: int = 256) -> list[tuple[int, str, bytes]]:
         """The run's events after ``after``, oldest first, ``limit`` at most."""
-        rows = self._db.execute(
+        rows = self._execute(
             "SELECT seq, kind, data FROM events WHERE run = ? AND seq > ? ORDER BY seq LIMIT ?",
             (run_id, after, limit),
-        )
+        ).fetchall()
         return [(seq, kind, bytes(data)) for seq, kind, data in rows]
 
     def last_event(self, run_id: str) -> int:
-        row = self._db.execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()
+        row = self._execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()
         return int(row[0] or 0)
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
 
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on an exception): a read and the writes it
-    decides, with no other frontend's write between them."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc is None else "ROLLBACK")
-
-
-def _row(values: tuple[object, ...]) -> RunRow:
+def _row(values: Sequence[object]) -> RunRow:
     fields: dict[str, Any] = dict(zip(_COLUMNS, values, strict=True))
     fields["cancel"] = bool(fields["cancel"])
     for key in ("request", "result", "error"):

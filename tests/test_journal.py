@@ -1,15 +1,36 @@
-"""The runs store (bls.journal): where it is, leases and take-overs between frontends,
+"""The runs store (bls.journal, bls.stores): where it is, leases and take-overs between frontends,
 an outcome written once, events read back in pages, retention."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from bls.journal import Journal, JournalError, RunRow, anchored, default_path, open_journal
+from bls.journal import Journal, JournalError, RunRow
 from bls.recording import RecordedCall
+from bls.stores import SqliteJournal, anchored, default_path, open_journal
+
+# Every test below but the first takes ``open_store``: a function that opens the same
+# store again (as another frontend would). Here it is SQLite; tests/e2e/test_postgres.py
+# runs the same tests on a PostgreSQL server.
+OpenStore = Callable[[], Journal]
+
+
+@pytest.fixture
+def open_store(tmp_path: Path) -> Iterator[OpenStore]:
+    opened: list[Journal] = []
+
+    def again() -> Journal:
+        opened.append(SqliteJournal(tmp_path / "r.db"))
+        return opened[-1]
+
+    yield again
+    for journal in opened:
+        journal.close()
 
 
 def row(run_id: str, *, created: float, status: str = "queued", lease: float = 0.0) -> RunRow:
@@ -26,15 +47,23 @@ def row(run_id: str, *, created: float, status: str = "queued", lease: float = 0
 
 
 def test_stores_are_named_by_url_or_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert open_journal(f"sqlite://{tmp_path}/a.db").path == tmp_path / "a.db"
-    assert open_journal(str(tmp_path / "b.db")).path == tmp_path / "b.db"
+    def path(url: str | None) -> Path:
+        journal = open_journal(url)
+        assert isinstance(journal, SqliteJournal)
+        journal.close()
+        return journal.path
+
+    assert path(f"sqlite://{tmp_path}/a.db") == tmp_path / "a.db"
+    assert path(str(tmp_path / "b.db")) == tmp_path / "b.db"
     monkeypatch.setenv("BLS_STATE_DIR", str(tmp_path / "state"))
     assert default_path() == tmp_path / "state" / "runs.sqlite3"
-    assert open_journal(None).path == default_path()
-    with pytest.raises(JournalError, match="PostgreSQL is not supported yet"):
-        open_journal("postgresql://db/runs")
+    assert path(None) == default_path()
     with pytest.raises(JournalError, match="unknown store 'redis'"):
         open_journal("redis://x")
+    # A server that is not there: a clear error, within the connect timeout, the password
+    # not in it.
+    with pytest.raises(JournalError, match=r"cannot open the runs store postgresql://u:\*\*\*@127"):
+        open_journal("postgresql://u:secret@127.0.0.1:1/runs")
     (tmp_path / "file").write_text("")
     with pytest.raises(JournalError, match="cannot open the runs store"):
         open_journal(str(tmp_path / "file" / "runs.db"))
@@ -45,13 +74,13 @@ def test_stores_are_named_by_url_or_path(tmp_path: Path, monkeypatch: pytest.Mon
     assert anchored("off", tmp_path) == "off"
 
 
-def test_a_run_is_taken_over_only_once_its_owners_lease_ran_out(tmp_path: Path) -> None:
-    one, two = Journal(tmp_path / "r.db"), Journal(tmp_path / "r.db")  # two frontends
+def test_a_run_is_taken_over_only_once_its_owners_lease_ran_out(open_store: OpenStore) -> None:
+    one, two = open_store(), open_store()  # two frontends
     now = time.time()
     one.create(row("held", created=now, status="running", lease=now + 60))
     one.create(row("waiting", created=now + 1))
     one.create(row("urgent", created=now + 2))
-    two._db.execute("UPDATE runs SET priority = 5 WHERE id = 'urgent'")
+    two._execute("UPDATE runs SET priority = 5 WHERE id = 'urgent'")
     taken = two.claim("/s.py", "b", now + 10, limit=10)
     assert [r.id for r in taken] == ["urgent", "waiting"]  # priority, then age
     assert all(r.owner == "b" for r in taken)
@@ -65,8 +94,8 @@ def test_a_run_is_taken_over_only_once_its_owners_lease_ran_out(tmp_path: Path) 
     assert [r.id for r in two.claim("/s.py", "b", now + 10, limit=10)] == ["held"]
 
 
-def test_an_outcome_is_written_once(tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "r.db")
+def test_an_outcome_is_written_once(open_store: OpenStore) -> None:
+    journal = open_store()
     journal.create(row("r", created=time.time()))
     assert journal.finish("r", "cancelled", error=b'{"error":{}}')
     assert not journal.finish("r", "succeeded", result=b"1")  # the cancel came first
@@ -75,8 +104,8 @@ def test_an_outcome_is_written_once(tmp_path: Path) -> None:
     assert done.ended is not None and done.lease == 0
 
 
-def test_calls_and_events_come_back_in_order(tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "r.db")
+def test_calls_and_events_come_back_in_order(open_store: OpenStore) -> None:
+    journal = open_store()
     call = RecordedCall(stage="s", streaming=False, request=b"\x80", start=0.0, result_type=None)
     journal.call("r", 1, call, done=False)
     journal.call("r", 0, call, done=True)
@@ -90,16 +119,43 @@ def test_calls_and_events_come_back_in_order(tmp_path: Path) -> None:
     assert journal.last_event("r") == 300 and journal.last_event("none") == 0
 
 
-def test_finished_runs_are_forgotten_by_age_and_count(tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "r.db")
+def test_finished_runs_are_forgotten_by_age_and_count(open_store: OpenStore) -> None:
+    journal = open_store()
     now = time.time()
     for n in range(5):
         journal.create(row(f"r{n}", created=now + n))
         if n < 4:
             journal.finish(f"r{n}", "succeeded", result=b"1")
-    journal._db.execute("UPDATE runs SET ended = ? WHERE id = 'r0'", (now - 100,))
+    journal._execute("UPDATE runs SET ended = ? WHERE id = 'r0'", (now - 100,))
     assert journal.prune(older_than=50) == 1
     assert journal.prune(keep=2) == 1  # r1 (r4 is not finished: it stays)
     assert [r.id for r in journal.runs()] == ["r4", "r3", "r2"]
     assert [r.id for r in journal.runs(status="succeeded", limit=1)] == ["r3"]
     assert [r.id for r in journal.runs(before="r3")] == ["r2"]
+
+
+def test_two_frontends_claiming_at_once_never_both_get_a_run(open_store: OpenStore) -> None:
+    now = time.time()
+    first = open_store()
+    for n in range(120):
+        first.create(row(f"r{n:03}", created=now + n))
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    failed: list[BaseException] = []
+
+    def claimer(owner: str) -> None:
+        try:
+            journal = open_store()  # (its own connection, in its own thread)
+            while taken := journal.claim("/s.py", owner, now + 600, limit=3):
+                got[owner].extend(r.id for r in taken)
+        except BaseException as exc:  # (reported below, in the test's thread)
+            failed.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(o,)) for o in got]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failed, failed
+    assert not set(got["a"]) & set(got["b"])
+    assert sorted(got["a"] + got["b"]) == [f"r{n:03}" for n in range(120)]
+    assert {r.owner for r in first.runs(limit=200)} == {o for o in got if got[o]}

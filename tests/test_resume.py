@@ -13,12 +13,12 @@ import msgspec
 import pytest
 
 from bls.errors import ErrorKind, StageError
-from bls.journal import Journal
 from bls.policy import Policy
 from bls.replay import Divergence, importable_from
 from bls.resume import JournalRecorder, Resume
 from bls.scope import RequestScope
 from bls.scriptfile import ScriptFile
+from bls.stores import SqliteJournal as Journal
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -121,7 +120,7 @@ class Runs:
                     if time.monotonic() - pruned > 60:
                         pruned = time.monotonic()
                         self.journal.prune(older_than=config.retain_s, keep=config.retain)
-                except (sqlite3.Error, JournalError):
+                except JournalError:
                     # (Tried again at the next turn; a lease not renewed meanwhile may be
                     # taken over by another frontend, which this one then hears of.)
                     log.exception("background runs: the runs store failed")
@@ -212,7 +211,7 @@ class Runs:
     async def _run(self, row: RunRow) -> None:
         try:
             await self._run_entry(row)
-        except (sqlite3.Error, JournalError):
+        except JournalError:
             # The store failed (a full disk, a lock held too long): the run stays as the
             # journal has it; its lease runs out, and a frontend recovers it.
             log.exception("run %s: the runs store failed; it is left to recovery", row.id)

@@ -24,10 +24,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ..journal import Journal, JournalError, open_journal
+from ..journal import Journal, JournalError
 from ..lifecycle import serve_until_signal
 from ..record_writer import RecordWriter
 from ..scriptfile import ScriptFile
+from ..stores import open_journal
 from .app import Frontend
 from .intake import Limits
 from .metrics_share import SharedMetrics

@@ -1,0 +1,239 @@
+"""Where background runs are kept: the two stores behind :class:`bls.journal.Journal`,
+and how ``bls serve --runs URL`` (``[runs] store``) names one.
+
+- **SQLite** (``sqlite:///PATH``, or a plain path), the default, in :func:`default_path`.
+  It is opened in WAL mode with ``synchronous=NORMAL``: each write is committed before
+  the run goes on, and a commit is in the operating system's hands at once, so a
+  frontend killed with SIGKILL loses nothing it wrote; a power loss may lose the last
+  commits (up to the last checkpoint's ``fsync``). Several frontends on one machine may
+  share the file: SQLite locks it, a writer waits for another at most :data:`BUSY_MS`.
+- **PostgreSQL** (``postgresql://USER@HOST/DB``, libpq's URL; needs ``psycopg``: ``pip
+  install 'bls-pipelines[postgres]'``), for frontends on several machines. Each write is
+  a committed transaction (with the server's default ``synchronous_commit``, on the
+  server's disk before the run goes on, so it survives the server's crash too); a lock
+  is waited for at most :data:`BUSY_MS`, a statement at most :data:`STATEMENT_MS`, a dead
+  server or network is noticed by TCP keepalives. A connection that broke is opened
+  again at the next call.
+
+Calls are made on the event loop's thread: a write is a few tens of microseconds on a
+local disk, a round trip to PostgreSQL more (``bench/background_runs.py`` measures what
+either costs a run).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from .journal import SCHEMA, Journal, JournalError
+
+__all__ = [
+    "BUSY_MS",
+    "STATEMENT_MS",
+    "PostgresJournal",
+    "SqliteJournal",
+    "anchored",
+    "default_path",
+    "open_journal",
+]
+
+BUSY_MS = 5000  # how long a write waits for another frontend's, at most
+STATEMENT_MS = 15000  # how long one PostgreSQL statement may take, at most
+
+
+def default_path() -> Path:
+    """Where runs are kept when no store is named: ``$BLS_STATE_DIR/runs.sqlite3``, else
+    ``$XDG_STATE_HOME/bls/runs.sqlite3``, else ``~/.local/state/bls/runs.sqlite3``."""
+    folder = os.environ.get("BLS_STATE_DIR")
+    if not folder:
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        folder = str(Path(state) / "bls")
+    return Path(folder) / "runs.sqlite3"
+
+
+def open_journal(url: str | None) -> Journal:
+    """The store ``url`` names: ``sqlite://PATH`` (``sqlite:///var/runs.db`` is
+    ``/var/runs.db``) or a plain path, ``postgresql://...`` (libpq's URL); None: the
+    default (:func:`default_path`). :class:`JournalError` for another scheme or a store
+    that cannot be opened."""
+    if url is None:
+        return SqliteJournal(default_path())
+    parts = urlsplit(url)
+    if parts.scheme == "":
+        return SqliteJournal(Path(url))
+    if parts.scheme == "sqlite":
+        path = unquote(url[len("sqlite://") :])  # sqlite:///tmp/runs: /tmp/runs
+        if not path.strip("/"):
+            raise JournalError(f"--runs {url}: no file (write sqlite:///PATH)")
+        return SqliteJournal(Path(path))
+    if parts.scheme in ("postgresql", "postgres"):
+        return PostgresJournal(url)
+    raise JournalError(
+        f"--runs {_shown(url)}: unknown store {parts.scheme!r} "
+        "(use sqlite:///PATH or postgresql://USER@HOST/DB)"
+    )
+
+
+def anchored(url: str, base: Path) -> str:
+    """A store named in a file (``[runs] store``), a relative path in it made relative
+    to ``base``, the file's folder."""
+    if url == "off" or urlsplit(url).scheme not in ("", "sqlite"):
+        return url
+    sqlite = url.startswith("sqlite:")
+    path = Path(unquote(url[len("sqlite://") :]) if sqlite else url).expanduser()
+    if path.is_absolute():
+        return url
+    return f"sqlite://{base / path}" if sqlite else str(base / path)
+
+
+class SqliteJournal(Journal):
+    """The SQLite store: a file, the default (see the module's docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # (Used by one thread at a time, not always the one that opened it: a test's.)
+            self._db = sqlite3.connect(
+                path, isolation_level=None, timeout=BUSY_MS / 1000, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            schema = SCHEMA.format(blob="BLOB", real="REAL", compact=" WITHOUT ROWID")
+            self._db.executescript(schema)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalError(f"cannot open the runs store {path}: {exc}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def url(self) -> str:
+        return f"sqlite://{self.path.resolve()}"
+
+    def _execute(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the runs store {self.path} failed: {exc}") from exc
+
+    def _execute_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        try:
+            self._db.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise JournalError(f"the runs store {self.path} failed: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        # BEGIN IMMEDIATE takes the file's write lock first: no other frontend's write
+        # comes between this one's read and its writes.
+        self._execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._execute("COMMIT")
+
+
+class PostgresJournal(Journal):
+    """The PostgreSQL store, shared by frontends on any machine (see the module's
+    docstring). One connection, in autocommit: each statement outside
+    :meth:`_transaction` commits on its own."""
+
+    _lock_rows = " FOR UPDATE SKIP LOCKED"  # a row another frontend is claiming: skipped
+
+    def __init__(self, url: str) -> None:
+        try:
+            import psycopg
+        except ImportError:
+            raise JournalError(
+                f"--runs {_shown(url)}: the PostgreSQL store needs psycopg "
+                "(pip install 'bls-pipelines[postgres]')"
+            ) from None
+        self._psycopg = psycopg
+        self._url = url
+        self._sql: dict[str, str] = {}
+        self._db: Any = None
+        self._connect()
+        schema = SCHEMA.format(blob="BYTEA", real="DOUBLE PRECISION", compact="")
+        with self._transaction():
+            # (Frontends that start together would race to make the tables: one at a time.)
+            self._execute("SELECT pg_advisory_xact_lock(?)", (0x626C7372756E73,))
+            for statement in filter(str.strip, schema.split(";")):
+                self._execute(statement)
+
+    def _connect(self) -> None:
+        try:
+            self._db = self._psycopg.connect(
+                self._url,
+                autocommit=True,
+                connect_timeout=max(1, BUSY_MS // 1000),
+                options=f"-c lock_timeout={BUSY_MS} -c statement_timeout={STATEMENT_MS}",
+                keepalives=1,
+                keepalives_idle=5,
+                keepalives_interval=2,
+                keepalives_count=3,
+            )
+        except self._psycopg.Error as exc:
+            raise JournalError(f"cannot open the runs store {_shown(self._url)}: {exc}") from None
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+    def url(self) -> str:
+        return _shown(self._url)
+
+    def _connection(self) -> Any:
+        if self._db is None or self._db.closed:  # the connection broke: a new one
+            self._connect()
+        return self._db
+
+    def _fail(self, exc: Exception) -> JournalError:
+        return JournalError(f"the runs store {_shown(self._url)} failed: {exc}")
+
+    def _execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        cursor = self._connection().cursor()
+        try:
+            return cursor.execute(self._translated(sql), args)
+        except self._psycopg.Error as exc:
+            raise self._fail(exc) from exc
+
+    def _execute_many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = list(rows)
+        if rows:
+            try:
+                self._connection().cursor().executemany(self._translated(sql), rows)
+            except self._psycopg.Error as exc:
+                raise self._fail(exc) from exc
+
+    def _translated(self, sql: str) -> str:
+        """``sql`` with psycopg's ``%s`` for each ``?`` (no statement has another ``?``
+        or ``%``)."""
+        found = self._sql.get(sql)
+        if found is None:
+            found = self._sql[sql] = sql.replace("?", "%s")
+        return found
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        try:
+            with self._connection().transaction():
+                yield
+        except self._psycopg.Error as exc:
+            raise self._fail(exc) from exc
+
+
+def _shown(url: str) -> str:
+    """``url`` without its password, for a message or the log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

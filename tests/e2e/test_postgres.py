@@ -1,0 +1,145 @@
+"""Background runs on PostgreSQL (``bls serve --runs postgresql://...``), against a real
+server (tests/e2e/postgres.py): the store's contract (the tests of tests/test_journal.py,
+run here on PostgreSQL), and two frontends sharing runs, one of them killed with
+SIGKILL mid-run."""
+
+from __future__ import annotations
+
+import collections
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+# The store's contract, the same tests as on SQLite: pytest runs them here with this
+# module's ``open_store``.
+from test_journal import (  # noqa: F401
+    OpenStore,
+    test_a_run_is_taken_over_only_once_its_owners_lease_ran_out,
+    test_an_outcome_is_written_once,
+    test_calls_and_events_come_back_in_order,
+    test_finished_runs_are_forgotten_by_age_and_count,
+    test_two_frontends_claiming_at_once_never_both_get_a_run,
+)
+
+from bls.journal import Journal, JournalError
+from bls.stores import PostgresJournal, open_journal
+
+from .postgres import PostgresServer, require_postgres
+from .procs import Proc, drain, wait_for
+from .test_runs import calls, config, ended, lines, serve, submit, worker  # noqa: F401
+
+require_postgres()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def store(postgres: PostgresServer) -> str:
+    return postgres.database()
+
+
+@pytest.fixture
+def open_store(store: str) -> Iterator[OpenStore]:
+    opened: list[Journal] = []
+
+    def again() -> Journal:
+        opened.append(PostgresJournal(store))
+        return opened[-1]
+
+    yield again
+    for journal in opened:
+        journal.close()
+
+
+def test_a_store_is_named_by_its_url_and_survives_a_broken_connection(
+    postgres: PostgresServer, store: str
+) -> None:
+    journal = open_journal(store)
+    assert isinstance(journal, PostgresJournal) and journal.url() == store
+    with pytest.raises(JournalError, match='database "nothere" does not exist'):
+        open_journal(postgres.url("nothere"))
+    # The server ends the connection (a restart, a failover): that call fails, clearly;
+    # the next one opens a new connection.
+    import psycopg
+
+    with psycopg.connect(postgres.url("postgres"), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid != pg_backend_pid()",
+            (store.rsplit("/", 1)[1],),
+        )
+    with pytest.raises(JournalError, match=r"the runs store postgresql://.* failed"):
+        journal.get("r")
+    assert journal.get("r") is None
+    journal.close()
+
+
+def _finished_calls(store: str, run_ids: list[str]) -> set[tuple[int, int]]:
+    """(run, step) of every call the journal has as finished."""
+    journal = open_journal(store)
+    try:
+        return {
+            (request["run"], request["step"])
+            for run_id in run_ids
+            for _, call, done in journal.calls(run_id)
+            if done and (request := msgspec.msgpack.decode(call.request))
+        }
+    finally:
+        journal.close()
+
+
+def test_two_frontends_share_runs_and_one_killed_has_its_runs_finished_by_the_other(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,  # noqa: F811
+    calls: Path,  # noqa: F811
+) -> None:
+    """Two frontends (asyncio and trio) on one PostgreSQL store; 50 runs of 4 remote steps
+    submitted to both; one frontend is killed with SIGKILL halfway. The other finishes
+    every run with the answer an uninterrupted run gives, no call the journal had
+    finished runs twice, a run cancelled through it stops its remote call, and nothing
+    is left running."""
+    first = serve(worker, store, config)
+    second = serve(worker, store, config, "--backend", "trio")
+    try:
+        runs = {
+            n: submit((first, second)[n % 2], "steps", {"n": n, "steps": 4})["id"]
+            for n in range(50)
+        }
+        wait_for(lambda: sum(line.startswith("start") for line in lines(calls)) >= 100, timeout=60)
+        first.signal(signal.SIGKILL)
+        first.wait()
+        finished = _finished_calls(store, list(runs.values()))
+        assert finished and len(finished) < 200  # (killed halfway)
+        # A long run, cancelled through the survivor once it runs: its remote call stops.
+        slow = submit(second, "steps", {"n": 99, "steps": 1, "extra": {"sleep": 60}})
+        wait_for(lambda: "start 99 0" in lines(calls), timeout=30)
+        assert httpx.delete(f"{second.address}/v1/runs/{slow['id']}").status_code == 200
+        wait_for(lambda: "cancel 99 0" in lines(calls), timeout=10)
+        assert ended(second, slow["id"])["status"] == "cancelled"
+        for n, run_id in runs.items():
+            done = ended(second, run_id, timeout=60)
+            assert done["status"] == "succeeded", done
+            assert done["result"] == {"n": n, "out": [f"{n}:{s}" for s in range(4)]}
+        started = collections.Counter(
+            tuple(map(int, line.split()[1:])) for line in lines(calls) if line.startswith("start")
+        )
+        assert set(started) == {(n, s) for n in range(50) for s in range(4)} | {(99, 0)}
+        assert all(started[key] == 1 for key in finished)  # none of those ran twice
+        running = httpx.get(f"{second.address}/v1/runs", params={"status": "running"})
+        assert running.json()["data"] == []
+        assert "bls_runs_in_flight 0" in httpx.get(f"{second.address}/metrics").text
+    finally:
+        drain([first, second])
