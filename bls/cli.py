@@ -270,6 +270,7 @@ def _serve(sub: Any) -> None:
     )
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-metrics", metavar="DIR", help=argparse.SUPPRESS)
+    p.add_argument("--share", metavar="I/N", help=argparse.SUPPRESS)
     p.add_argument(
         "--runs",
         metavar="URL",

@@ -302,6 +302,10 @@ def serve(args: argparse.Namespace) -> int:
         app.config.runs.store = args.runs
     _apply_connect_timeout(app.config, args.connect_timeout)
     _apply_discovery(app.config, args)
+    if args.share is not None:  # one of the processes of --processes N: its share
+        from .serve.processes import divide_limits
+
+        divide_limits(app.config, args.share, args.max_inflight)
     _apply_admission(app, args.max_queued, args.max_inflight)
     _log_bindings(app)
     limits = Limits(

@@ -1,7 +1,7 @@
 """Segment files: the records of ``bls serve --record DIR``, appended one after another
 to a few large files rather than one file per request.
 
-A segment is ``DIR/records-TIME-PID-N.blsseg``: the bytes :data:`MAGIC`, then records,
+A segment is ``DIR/records-TIME-PID-N.blsseg`` (PID: the writing process's): the bytes :data:`MAGIC`, then records,
 each ``<u32 name length><u32 record length><name><record>`` (little-endian; the name is
 the request's id, the record a :class:`bls.recording.Record` in msgpack, as a
 ``.blsrec`` file holds it). A writer (:class:`Segment`) appends each record whole or

@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.abc
 
+from ..config import Config, ConfigError, Limit
 from .server import bound
 
-__all__ = ["EXIT_S", "RESTART_S", "auto", "child_args", "shares", "supervise"]
+__all__ = ["EXIT_S", "RESTART_S", "auto", "child_args", "divide_limits", "shares", "supervise"]
 
 log = logging.getLogger("bls.serve")
 
@@ -47,6 +48,39 @@ def shares(total: int | None, parts: int) -> list[int | None]:
         return [None] * parts
     base, extra = divmod(total, parts)
     return [base + (i < extra) for i in range(parts)]
+
+
+def divide_limits(config: Config, share: str, max_inflight: int) -> None:
+    """Make ``config``'s per-process limits those of child ``I`` of ``N`` (``share`` is
+    ``"I/N"``; ``max_inflight``: the child's own ``--max-inflight``): ``[admission]``
+    ``max_queued`` and ``reserved``; each entry's and tenant's ``max_inflight`` and
+    ``burst`` (divided as :func:`shares` does, at least 1) and ``rate`` (divided by N);
+    ``[runs]`` ``max_running`` (at least 1) and ``max_event_streams``. (``[runs]
+    max_queued`` counts the runs waiting in the store, all processes' already.)"""
+    try:
+        index, count = (int(part) for part in share.split("/"))
+    except ValueError:
+        index = count = -1
+    if not 0 <= index < count:
+        raise ConfigError(f"--share {share!r}: expected I/N, 0 <= I < N")
+
+    def part(total: int, least: int = 0) -> int:
+        return max(least, shares(total, count)[index] or 0)
+
+    admission = config.admission
+    admission.max_queued = part(admission.max_queued)
+    admission.reserved = min(part(admission.reserved), max_inflight - 1)
+    for limits in (admission.entries, admission.tenants):
+        for name, limit in limits.items():
+            limits[name] = Limit(
+                max_inflight=None if limit.max_inflight is None else part(limit.max_inflight, 1),
+                rate=None if limit.rate is None else limit.rate / count,
+                burst=None if limit.burst is None else part(limit.burst, 1),
+                weight=limit.weight,
+            )
+    runs = config.runs
+    runs.max_running = part(runs.max_running, 1)
+    runs.max_event_streams = part(runs.max_event_streams)
 
 
 def supervise(
@@ -72,7 +106,7 @@ def supervise(
 
 
 # The flags a child gets a value of its own for, instead of the one given.
-_OWN = ("--processes", "--port", "--max-inflight", "--max-queued")
+_OWN = ("--processes", "--port", "--max-inflight", "--max-queued", "--share")
 
 
 def child_args(argv: Sequence[str]) -> list[str]:
@@ -103,6 +137,7 @@ class _Children:
         divided = {flag: shares(total, processes) for flag, total in limits.items()}
         for i in range(processes):
             own = [*argv, "--port", str(port), "--reuse-port", "--shared-metrics", folder]
+            own += ["--share", f"{i}/{processes}"]
             for flag, parts in divided.items():
                 if parts[i] is not None:
                     own += [flag, str(parts[i])]

@@ -73,6 +73,102 @@ def test_processes_share_the_port_and_act_as_one_server() -> None:
         stop(server.popen)
 
 
+def test_the_limits_of_bls_toml_hold_across_processes(tmp_path: Path) -> None:
+    """An entry's rate, its burst and its requests at once, and the runs a frontend
+    runs: each child gets its share, so that two processes admit what one would."""
+    config = tmp_path / "bls.toml"
+    config.write_text(
+        "[admission.entries.whoami]\nrate = 0.01\nburst = 10\nmax_inflight = 5\n"
+        "[runs]\nmax_running = 3\n"
+    )
+    server = start(
+        ["serve", SCRIPT, "--port", "0", "--processes", "2", "--config", str(config)],
+        ready_timeout=60,
+    )
+    try:
+        kids = _children(server.pid)
+        assert sorted(c[c.index("--share") + 1] for c in map(_cmdline, kids)) == ["0/2", "1/2"]
+        codes: list[int] = []
+        answered = set()
+        for _ in range(40):  # a new connection each: the kernel spreads them
+            answer = httpx.post(f"{server.address}/v1/scripts/whoami", json={})
+            codes.append(answer.status_code)
+            if answer.status_code == 200:
+                answered.add(answer.json()["pid"])
+            else:
+                assert answer.status_code == 429
+                assert answer.json()["error"]["type"] == "rate_limited"
+        # A burst of 10 in all (5 each), not 10 in each; the rate refills 0.01 a second.
+        assert codes.count(200) == 10 and answered == set(kids)
+    finally:
+        stop(server.popen)
+
+
+def test_processes_share_background_runs_and_each_records_its_own(tmp_path: Path) -> None:
+    """With --runs and --record: a run submitted to any process is read through any other
+    and runs where there is room; each process writes its own record segments."""
+    records = tmp_path / "records"
+    server = start(
+        ["serve", SCRIPT, "--port", "0", "--processes", "2",
+         "--runs", f"sqlite://{tmp_path}/runs.sqlite3", "--record", str(records)],
+        ready_timeout=60,
+    )  # fmt: skip
+    try:
+        kids = _children(server.pid)
+        url = server.address
+        submitted = []
+        for _ in range(20):  # a new connection each: spread over both processes
+            answer = httpx.post(
+                f"{url}/v1/scripts/whoami", json={}, headers={"prefer": "respond-async"}
+            )
+            assert answer.status_code == 202, answer.text
+            submitted.append(answer.json()["id"])
+        ran_in = set()
+        for run_id in submitted:
+            got: dict[str, object] = {}
+
+            def ended(run_id: str = run_id) -> bool:
+                got.update(httpx.get(f"{url}/v1/runs/{run_id}").json())
+                return got["status"] == "succeeded"
+
+            wait_for(ended, timeout=20, interval=0.05)
+            ran_in.add(got["result"]["pid"])  # type: ignore[index]
+        assert ran_in == set(kids)
+        listed = httpx.get(f"{url}/v1/runs", params={"limit": 100}).json()["data"]
+        assert {r["id"] for r in listed} == set(submitted)
+        for _ in range(20):
+            assert httpx.post(f"{url}/v1/scripts/whoami", json={}).status_code == 200
+
+        def writers() -> set[str]:  # (each process's writer's pid is in its segments' names)
+            return {p.name.split("-")[2] for p in records.glob("records-*.blsseg")}
+
+        wait_for(lambda: len(writers()) == 2, timeout=20, interval=0.1)
+    finally:
+        stop(server.popen)
+
+
+def test_a_process_share_divides_each_per_process_limit() -> None:
+    from bls.config import Config, Limit
+    from bls.serve.processes import divide_limits
+
+    def share(i: int) -> Config:
+        config = Config()
+        config.admission.max_queued, config.admission.reserved = 5, 3
+        config.admission.tenants["*"] = Limit(rate=3.0, max_inflight=1, weight=2.0)
+        config.admission.entries["e"] = Limit(burst=7, max_inflight=9)
+        config.runs.max_running = 5
+        divide_limits(config, f"{i}/2", max_inflight=2)
+        return config
+
+    one, two = share(0), share(1)
+    assert (one.admission.max_queued, two.admission.max_queued) == (3, 2)
+    # (Reserved slots stay fewer than the process's --max-inflight.)
+    assert (one.admission.reserved, two.admission.reserved) == (1, 1)
+    assert one.admission.tenants["*"] == Limit(rate=1.5, max_inflight=1, weight=2.0)
+    assert two.admission.entries["e"] == Limit(burst=3, max_inflight=4)
+    assert (one.runs.max_running, two.runs.max_running) == (3, 2)
+
+
 def test_processes_must_be_a_count_or_auto() -> None:
     from .cli import run_bls
 
