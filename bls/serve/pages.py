@@ -7,6 +7,7 @@ render anywhere the server is reachable, including an air-gapped cluster.
 from __future__ import annotations
 
 import html
+import os
 import time
 from typing import Any
 
@@ -75,6 +76,7 @@ def summary(trace: Trace, *, spans: bool = False) -> dict[str, Any]:
     """A trace as JSON-ready data (``Accept: application/json`` on the debug routes)."""
     data: dict[str, Any] = {
         "id": trace.id,
+        "process": os.getpid(),  # (whose: with --processes N, each keeps its own)
         "entry": trace.entry,
         "status": trace.status,
         "start": trace.start,
@@ -114,7 +116,7 @@ def index_page(traces: list[Trace], title: str) -> str:
     return _page(
         f"{title}: recent requests",
         f"<h1>Recent requests</h1><div class='meta'>{html.escape(title)} · newest first"
-        f"</div>{table}",
+        f" · served by process {os.getpid()}</div>{table}",
     )
 
 

@@ -177,3 +177,34 @@ def test_a_misfit_is_refused_the_others_serve_and_frontends_share_workers(
                         r = httpx.post(f"{frontend.address}/v1/scripts/greet", json={"text": "x"})
                         assert r.status_code == 200 and r.json()["pid"] == good.pid
                     assert httpx.get(f"{frontend.address}/ready").status_code == 200
+
+
+def test_processes_find_workers_through_etcd_over_curve(etcd: EtcdServer, tmp_path: Path) -> None:
+    """`bls serve --processes 2` with discovery and CURVE keys: each process finds the
+    worker in etcd and calls it encrypted, as one frontend does."""
+    from .cli import run_bls
+
+    keys = tmp_path / "keys"
+    for name in ("server", "client"):
+        assert run_bls("keygen", name, "--dir", str(keys)).returncode == 0
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "client.key").write_text((keys / "client.key").read_text())
+    config = tmp_path / "bls.toml"
+    config.write_text(
+        '[transport]\ncurve_server_key = "keys/server.key"\n'
+        'curve_secret = "keys/client.key_secret"\n'
+    )
+    curve = ["--curve-secret", f"{keys}/server.key_secret", "--curve-allow", str(allowed)]
+    with worker(WHOAMI, "--discovery", etcd.url, *curve) as proc:
+        wait_for(lambda: registered(etcd) == [proc.address], timeout=10)
+        with serving(
+            SERVED, "--processes", "2", "--bind", "whoami=etcd:whoami", "--discovery", etcd.url,
+            "--config", str(config), ready_timeout=60,
+        ) as frontend:  # fmt: skip
+            served_by = set()
+            for _ in range(20):  # a new connection each: both processes serve
+                r = httpx.post(f"{frontend.address}/v1/scripts/greet", json={"text": "x"})
+                assert r.status_code == 200 and r.json()["pid"] == proc.pid
+                served_by.add(r.headers["x-request-id"][:8])  # (a process's id prefix)
+            assert len(served_by) == 2

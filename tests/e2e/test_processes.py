@@ -52,8 +52,18 @@ def test_processes_share_the_port_and_act_as_one_server() -> None:
             assert answer.status_code == 200
             answered.add(answer.json()["pid"])
         assert answered == set(kids)
+        # /debug/requests is the answering process's, and says so; one connection's
+        # requests all go to one process, which finds its request by id.
+        with httpx.Client() as one:
+            done = one.post(f"{url}/v1/scripts/whoami", json={})
+            pid, rid = done.json()["pid"], done.headers["x-request-id"]
+            json_ = {"accept": "application/json"}
+            listed = one.get(f"{url}/debug/requests", headers=json_).json()
+            assert {r["process"] for r in listed} == {pid}
+            assert one.get(f"{url}/debug/requests/{rid}", headers=json_).json()["process"] == pid
+            assert f"served by process {pid}" in one.get(f"{url}/debug/requests").text
         # One /metrics, whichever process answers it (the others' part within a second).
-        wait_for(lambda: _requests_total(url) == 40, timeout=10, interval=0.2)
+        wait_for(lambda: _requests_total(url) == 41, timeout=10, interval=0.2)
 
         # A child that dies is started again; the server serves on meanwhile.
         victim = kids[0]
