@@ -25,6 +25,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +47,7 @@ _RESTART_S = 1.0  # between a writer's death and its replacement
 # Records wait this long to go to the writer with those that follow: a pipe write and a
 # wake-up a batch, not a record (and the writer writes a batch in one write too).
 _GATHER_S = 0.005
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # what a record's name may not hold (made "_")
 
 
 class RecordWriter:
@@ -94,7 +96,7 @@ class RecordWriter:
     def write(self, name: str, record: Record) -> None:
         """Queue ``record`` to be written under ``name`` (never waits; drops it when the
         backlog is full)."""
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:128].encode()
+        safe = _UNSAFE.sub("_", name)[:128].encode()
         data = dump(record)
         frame = FRAME.pack(len(safe), len(data)) + safe + data
         if self._closing or self._queued_bytes + len(frame) > self.backlog_bytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -267,18 +267,6 @@ async def _recorded(
         if close is not None:
             await close()
     recorder.ended(call)
-
-
-async def noted_result(recorder: Recorder, entry: str, req: Any, result: Awaitable[Any]) -> Any:
-    """``await result`` (a unary entry's run), with its request and answer noted."""
-    recorder.entry(entry, req)
-    try:
-        value = await result
-    except BaseException as exc:
-        recorder.entry_failed(exc)
-        raise
-    recorder.answer(value)
-    return value
 
 
 async def noted_items(

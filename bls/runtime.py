@@ -25,7 +25,7 @@ from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature
 from .policy import Policy
-from .recording import noted_items, noted_result
+from .recording import noted_items
 from .scope import (
     CallContext,
     OpenStreams,
@@ -45,6 +45,9 @@ __all__ = ["BindingError", "Runtime", "StageStream", "current"]
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
     "bls_runtime", default=None
 )
+
+
+_UNSET: Any = object()  # (no value yet: a request's own scope ended it first)
 
 
 class BindingError(Exception):
@@ -284,17 +287,31 @@ class Runtime:
         token = _current.set(self)
         try:
             ctx = current_context()
-            result = entry.fn(req)
-            if ctx.record is not None:
-                result = noted_result(ctx.record, entry.name, req, result)
-            if timeout is None:  # no scope of its own: the caller's scopes govern it
-                if ctx.streams is not None:  # a request's: it closes them
-                    return entry.check_result(await result)
-                async with _streams_closed():
-                    return entry.check_result(await result)
-            async with _own_scope(entry, ctx, timeout):
-                return entry.check_result(await result)
-            raise _deadline(entry, timeout)
+            # (The request and its answer noted here, not by a coroutine around the
+            # entry's: a frame more in the await chain costs every resumption of the task.)
+            record = ctx.record
+            if record is not None:
+                record.entry(entry.name, req)
+            try:
+                if timeout is None:  # no scope of its own: the caller's scopes govern it
+                    if ctx.streams is not None:  # a request's: it closes them
+                        value = await entry.fn(req)
+                    else:
+                        async with _streams_closed():
+                            value = await entry.fn(req)
+                else:
+                    value = _UNSET
+                    async with _own_scope(entry, ctx, timeout):
+                        value = await entry.fn(req)
+                    if value is _UNSET:
+                        raise _deadline(entry, timeout)
+            except BaseException as exc:
+                if record is not None:
+                    record.entry_failed(exc)
+                raise
+            if record is not None:
+                record.answer(value)
+            return entry.check_result(value)
         finally:
             _current.reset(token)
 

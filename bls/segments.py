@@ -1,14 +1,15 @@
 """Segment files: the records of ``bls serve --record DIR``, appended one after another
 to a few large files rather than one file per request.
 
-A segment is ``DIR/records-TIME-PID-N.blsseg`` (PID: the writing process's): the bytes :data:`MAGIC`, then records,
-each ``<u32 name length><u32 record length><name><record>`` (little-endian; the name is
-the request's id, the record a :class:`bls.recording.Record` in msgpack, as a
-``.blsrec`` file holds it). A writer (:class:`Segment`) appends each record whole or
-not at all: a write that fails (a full disk, a file size limit) is cut back off the
-file. A segment grows to :data:`SEGMENT_BYTES`, then the next one starts. A writer
-killed in the middle of a record leaves it cut short at the end of its segment; a
-reader (:func:`records_in`) stops there, having read every whole record before it.
+A segment is ``DIR/records-TIME-PID-N.blsseg`` (PID: the writing process's): the bytes
+:data:`MAGIC`, then records, each ``<u32 name length><u32 record length><name><record>``
+(little-endian; the name is the request's id, the record a
+:class:`bls.recording.Record` in msgpack, as a ``.blsrec`` file holds it). A writer
+(:class:`Segment`) appends each record whole or not at all: a write that fails (a full
+disk, a file size limit) is cut back off the file. A segment grows to
+:data:`SEGMENT_BYTES`, then the next one starts. A writer killed in the middle of a
+record leaves it cut short at the end of its segment; a reader (:func:`records_in`)
+stops there, having read every whole record before it.
 
 ``bls replay DIR --id ID`` (or a segment's path) finds a request's record by its id
 (:func:`find`).

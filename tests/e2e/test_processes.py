@@ -135,14 +135,13 @@ def test_processes_share_background_runs_and_each_records_its_own(tmp_path: Path
             submitted.append(answer.json()["id"])
         ran_in = set()
         for run_id in submitted:
-            got: dict[str, object] = {}
-
-            def ended(run_id: str = run_id) -> bool:
-                got.update(httpx.get(f"{url}/v1/runs/{run_id}").json())
-                return got["status"] == "succeeded"
-
-            wait_for(ended, timeout=20, interval=0.05)
-            ran_in.add(got["result"]["pid"])  # type: ignore[index]
+            run_url = f"{url}/v1/runs/{run_id}"
+            wait_for(
+                lambda u=run_url: httpx.get(u).json()["status"] == "succeeded",
+                timeout=20,
+                interval=0.05,
+            )
+            ran_in.add(httpx.get(run_url).json()["result"]["pid"])
         assert ran_in == set(kids)
         listed = httpx.get(f"{url}/v1/runs", params={"limit": 100}).json()["data"]
         assert {r["id"] for r in listed} == set(submitted)
