@@ -194,6 +194,13 @@ class Recorder:
         self.record.duration = self._now()
         return self.record
 
+    # A durable recorder (a background run's journal) saves each call as it starts and
+    # as it ends before the script goes on: the binding awaits :meth:`saved` then.
+    durable = False
+
+    async def saved(self, call: RecordedCall, done: bool) -> None:
+        """Until ``call`` (begun, or ``done``) is saved: at once here."""
+
 
 @functools.lru_cache(maxsize=64)
 def _where(script: str | Path) -> tuple[str, str]:
@@ -220,13 +227,19 @@ class RecordingBinding(Wrapper):
                 return taken.value(0, self.result_type, recorder.resume)
             seq = None if taken is None else taken.seq
         call = recorder.call(self.name, False, req, self.result_type, seq)
+        if recorder.durable:
+            await recorder.saved(call, done=False)
         try:
             result = await self.inner.invoke(req, ctx)
         except BaseException as exc:
             recorder.ended(call, exc)
+            if recorder.durable:
+                await _saved_ended(recorder, call)
             raise
         recorder.item(call, result)
         recorder.ended(call)
+        if recorder.durable:
+            await _saved_ended(recorder, call)
         return result
 
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
@@ -254,6 +267,8 @@ async def _recorded(
         seq = None if taken is None else taken.seq
     inner = binding.inner
     call = recorder.call(inner.name, True, req, inner.result_type, seq)
+    if recorder.durable:
+        await recorder.saved(call, done=False)
     items = inner.stream(req, ctx)
     try:
         async for item in items:
@@ -261,12 +276,23 @@ async def _recorded(
             yield item
     except BaseException as exc:
         recorder.ended(call, exc)
+        if recorder.durable:
+            await _saved_ended(recorder, call)
         raise
     finally:
         close = getattr(items, "aclose", None)
         if close is not None:
             await close()
     recorder.ended(call)
+    if recorder.durable:
+        await _saved_ended(recorder, call)
+
+
+async def _saved_ended(recorder: Recorder, call: RecordedCall) -> None:
+    """Until a call's end is saved, even in a scope that was cancelled meanwhile: a call
+    that ended is never left looking in flight (a store's wait is bounded by its own)."""
+    with anyio.CancelScope(shield=True):
+        await recorder.saved(call, done=True)
 
 
 async def noted_items(

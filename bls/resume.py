@@ -138,6 +138,8 @@ class JournalRecorder(Recorder):
         self._seqs: dict[int, int] = {}  # id(call): its number in the journal
         self.stopping = False
 
+    durable = True
+
     def call(
         self, stage: str, streaming: bool, req: Any, result_type: Any = Any, seq: int | None = None
     ) -> RecordedCall:
@@ -145,14 +147,15 @@ class JournalRecorder(Recorder):
         if seq is None:
             seq, self._next = self._next, self._next + 1
         self._seqs[id(call)] = seq
-        self._journal.call(self.run_id, seq, call, done=False)
         return call
 
-    def ended(self, call: RecordedCall, exc: BaseException | None = None) -> None:
-        super().ended(call, exc)
-        seq = self._seqs.pop(id(call))
-        if not self.stopping:
-            self._journal.call(self.run_id, seq, call, done=True)
+    async def saved(self, call: RecordedCall, done: bool) -> None:
+        """The call into the journal, as it starts and as it ends (not after :meth:`stop`:
+        a call the stop cancelled stays in flight there)."""
+        seq = self._seqs.pop(id(call)) if done else self._seqs[id(call)]
+        if not (done and self.stopping):
+            journal = self._journal
+            await journal.do(journal.call, self.run_id, seq, call, done)
 
     def stop(self) -> None:
         self.stopping = True

@@ -15,25 +15,32 @@ and how ``bls serve --runs URL`` (``[runs] store``) names one.
   server or network is noticed by TCP keepalives. A connection that broke is opened
   again at the next call.
 
-Calls are made on the event loop's thread: a write is a few tens of microseconds on a
-local disk, a round trip to PostgreSQL more (``bench/background_runs.py`` measures what
-either costs a run).
+The event loop calls a store through :meth:`bls.journal.Journal.do`: SQLite's calls run
+in place (a write is a few tens of microseconds on a local disk); PostgreSQL's wait on
+the network and the server's commit, and run in worker threads, the loop serving on
+meanwhile (``bench/background_runs.py`` measures what either costs a run).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
+
+import anyio
+import anyio.to_thread
 
 from .journal import SCHEMA, Journal, JournalError
 
 __all__ = [
     "BUSY_MS",
+    "CONNECTIONS",
     "STATEMENT_MS",
     "PostgresJournal",
     "SqliteJournal",
@@ -44,6 +51,10 @@ __all__ = [
 
 BUSY_MS = 5000  # how long a write waits for another frontend's, at most
 STATEMENT_MS = 15000  # how long one PostgreSQL statement may take, at most
+CONNECTIONS = 8  # PostgreSQL connections (and calls at once) of one frontend, at most
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def default_path() -> Path:
@@ -142,8 +153,10 @@ class SqliteJournal(Journal):
 
 class PostgresJournal(Journal):
     """The PostgreSQL store, shared by frontends on any machine (see the module's
-    docstring). One connection, in autocommit: each statement outside
-    :meth:`_transaction` commits on its own."""
+    docstring). Connections in autocommit: each statement outside :meth:`_transaction`
+    commits on its own. The event loop's calls (:meth:`do`) run in worker threads, at
+    most :data:`CONNECTIONS` at once, each on a connection no other call holds meanwhile;
+    a direct call uses its thread's own."""
 
     _lock_rows = " FOR UPDATE SKIP LOCKED"  # a row another frontend is claiming: skipped
 
@@ -158,8 +171,11 @@ class PostgresJournal(Journal):
         self._psycopg = psycopg
         self._url = url
         self._sql: dict[str, str] = {}
-        self._db: Any = None
-        self._connect()
+        self._local = threading.local()  # .db: the connection this thread's call holds
+        self._idle: list[Any] = []  # connections no call holds
+        self._opened: list[Any] = []  # every connection, to close
+        self._lock = threading.Lock()  # (the two lists are the worker threads' too)
+        self._limiter: anyio.CapacityLimiter | None = None  # (made on the loop, at first use)
         schema = SCHEMA.format(blob="BYTEA", real="DOUBLE PRECISION", compact="")
         with self._transaction():
             # (Frontends that start together would race to make the tables: one at a time.)
@@ -167,9 +183,29 @@ class PostgresJournal(Journal):
             for statement in filter(str.strip, schema.split(";")):
                 self._execute(statement)
 
-    def _connect(self) -> None:
+    async def do(self, method: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(CONNECTIONS)
+        # (Not cancellable once started: a write in flight finishes, within the statement
+        # timeout, and is known to have.)
+        work = functools.partial(self._held, method, *args, **kwargs)
+        return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+
+    def _held(self, method: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """``method``, in a worker thread, on an idle connection (a new one if none is)."""
+        with self._lock:
+            self._local.db = self._idle.pop() if self._idle else None
         try:
-            self._db = self._psycopg.connect(
+            return method(*args, **kwargs)
+        finally:
+            db, self._local.db = self._local.db, None
+            if db is not None and not db.closed:
+                with self._lock:
+                    self._idle.append(db)
+
+    def _connect(self) -> Any:
+        try:
+            db = self._psycopg.connect(
                 self._url,
                 autocommit=True,
                 connect_timeout=max(1, BUSY_MS // 1000),
@@ -181,18 +217,25 @@ class PostgresJournal(Journal):
             )
         except self._psycopg.Error as exc:
             raise JournalError(f"cannot open the runs store {_shown(self._url)}: {exc}") from None
+        with self._lock:
+            self._opened = [d for d in self._opened if not d.closed]
+            self._opened.append(db)
+        return db
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
+        with self._lock:
+            opened, self._opened, self._idle = self._opened, [], []
+        for db in opened:
+            db.close()
 
     def url(self) -> str:
         return _shown(self._url)
 
     def _connection(self) -> Any:
-        if self._db is None or self._db.closed:  # the connection broke: a new one
-            self._connect()
-        return self._db
+        db = getattr(self._local, "db", None)
+        if db is None or db.closed:  # none yet in this thread, or it broke: a new one
+            db = self._local.db = self._connect()
+        return db
 
     def _fail(self, exc: Exception) -> JournalError:
         return JournalError(f"the runs store {_shown(self._url)} failed: {exc}")

@@ -194,7 +194,7 @@ class Frontend:
         it goes on without this request (:mod:`.runs`). Its deadline is its own."""
         assert self.runs is not None
         timeout = request_timeout(request.headers, None)
-        row = self.runs.submit(entry, body, request.scope.ctx.priority, timeout)
+        row = await self.runs.submit(entry, body, request.scope.ctx.priority, timeout)
         extra = [
             (b"location", b"/v1/runs/" + row.id.encode()),
             (b"preference-applied", b"respond-async"),

@@ -59,7 +59,10 @@ class RunRoutes:
         except HttpError as error:
             await send_error(scope, send, error, rid)
             return
-        rows = self.journal.runs(status=status, before=query.get("before"), limit=limit + 1)
+        journal = self.journal
+        rows = await journal.do(
+            journal.runs, status=status, before=query.get("before"), limit=limit + 1
+        )
         more = len(rows) > limit
         rows = rows[:limit]
         data = b",".join(run_body(r, full=False) for r in rows)
@@ -72,7 +75,7 @@ class RunRoutes:
     async def _one(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         run_id, _, tail = rest.partition("/")
         rid = request_id_of(scope)
-        row = self.journal.get(run_id)
+        row = await self.journal.do(self.journal.get, run_id)
         if row is None or tail not in ("", "events") or (tail and scope["method"] == "DELETE"):
             what = (
                 f"no run {run_id!r}"
@@ -125,7 +128,7 @@ class RunRoutes:
         while True:
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None
-            events = self.journal.events(run_id, after)
+            events = await self.journal.do(self.journal.events, run_id, after)
             for seq, kind, data in events:
                 frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
                 await send({"type": "http.response.body", "body": frame, "more_body": True})

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +115,14 @@ class Runs:
             while True:
                 try:
                     if not self._drain.draining:
-                        self._renew()
-                        self._take_over()
+                        await self._renew()
+                        await self._take_over()
                     if time.monotonic() - pruned > 60:
                         pruned = time.monotonic()
-                        self.journal.prune(older_than=config.retain_s, keep=config.retain)
+                        journal = self.journal
+                        await journal.do(
+                            journal.prune, older_than=config.retain_s, keep=config.retain
+                        )
                 except JournalError:
                     # (Tried again at the next turn; a lease not renewed meanwhile may be
                     # taken over by another frontend, which this one then hears of.)
@@ -131,11 +134,12 @@ class Runs:
     def _lease(self) -> float:
         return time.time() + self.config.lease_s
 
-    def _renew(self) -> None:
-        for run_id in self.journal.renew(self.owner, list(self.live), self._lease()):
+    async def _renew(self) -> None:
+        journal = self.journal
+        for run_id in await journal.do(journal.renew, self.owner, list(self.live), self._lease()):
             live = self.live.get(run_id)
             if live is not None:
-                row = self.journal.get(run_id)
+                row = await journal.do(journal.get, run_id)
                 if row is not None and row.owner != self.owner:
                     log.warning("run %s: taken over by another frontend; stopping here", run_id)
                     live.recorder.stop()
@@ -143,11 +147,12 @@ class Runs:
                 else:
                     live.scope.cancel(Reason.CANCELLED)
 
-    def _take_over(self) -> None:
+    async def _take_over(self) -> None:
         room = self.config.max_running - self._running
         if room <= 0:
             return
-        for row in self.journal.claim(self.script, self.owner, self._lease(), room):
+        journal = self.journal
+        for row in await journal.do(journal.claim, self.script, self.owner, self._lease(), room):
             if row.started is not None:
                 log.info("run %s: recovering (its frontend stopped)", row.id)
             self._start(row)
@@ -168,14 +173,16 @@ class Runs:
 
         unfinished = list(self.live)
         done = await self._drain.drain(grace, stop_rest)
-        self.journal.release(self.owner, unfinished)
+        await self.journal.do(self.journal.release, self.owner, unfinished)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
         return done
 
     # -- submitting -----------------------------------------------------------------------
 
-    def submit(self, entry: Script, body: bytes, priority: int, timeout: float | None) -> RunRow:
+    async def submit(
+        self, entry: Script, body: bytes, priority: int, timeout: float | None
+    ) -> RunRow:
         """A new run of ``entry`` on ``body`` (decoded already); it starts at once when
         there is room here, else it waits in the store (``queued``): 429 when
         ``max_queued`` wait already."""
@@ -194,14 +201,18 @@ class Runs:
             owner=self.owner if start_here else None,
             lease=self._lease() if start_here else 0.0,
         )
-        if not start_here and self.journal.queued(self.script) >= self.config.max_queued:
+        journal = self.journal
+        if (
+            not start_here
+            and await journal.do(journal.queued, self.script) >= self.config.max_queued
+        ):
             raise HttpError(
                 429,
                 "too_many_runs",
                 f"{self.config.max_queued} runs wait already ([runs] max_queued)",
                 headers=[(b"retry-after", b"1")],
             )
-        self.journal.create(row)
+        await journal.do(journal.create, row)
         if start_here:
             self._start(row)
         return row
@@ -223,28 +234,29 @@ class Runs:
         entry = self.entries.get(row.entry)
         if entry is None:
             why = f"the script has no entry {row.entry!r} now (entries: {', '.join(self.entries)})"
-            self._finish(row.id, "failed", error=HttpError(500, "not_found", why).body())
+            await self._finish(row.id, "failed", error=HttpError(500, "not_found", why).body())
             return
         try:
             req = entry.decode(row.request)
         except InvalidRequest as exc:
             error = HttpError(422, "invalid_request", exc.message, path=exc.path)
-            self._finish(row.id, "failed", error=error.body())
+            await self._finish(row.id, "failed", error=error.body())
             return
+        journal = self.journal
         resume = None  # (a run never started has no calls and no events yet to read)
         if row.started is not None:
-            resume = Resume(self.journal.calls(row.id), importable_from(entry))
+            resume = Resume(await journal.do(journal.calls, row.id), importable_from(entry))
         recorder = JournalRecorder(self.journal, row.id, self.script, resume)
         scope = RequestScope(row.id, priority=row.priority, record=recorder)
         if resume is not None:
             resume.on_diverge = lambda: scope.cancel(Reason.CANCELLED)
         if row.deadline is not None:
             scope.expire_at(row.deadline)
-        events = self.journal.last_event(row.id) if row.started is not None else 0
+        events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
         live = self.live[row.id] = _Live(scope, recorder, events + 1)
         try:
-            self.journal.started(row.id, self.owner, self._lease())
-            self._event(live, row.id, "status", b'{"status":"running"}')
+            await journal.do(journal.started, row.id, self.owner, self._lease())
+            await self._event(live, row.id, "status", b'{"status":"running"}')
             await self._outcome(row, entry, req, live, resume)
         finally:
             del self.live[row.id]
@@ -272,20 +284,20 @@ class Runs:
             return  # (another frontend goes on with it)
         if resume is not None and resume.diverged is not None:
             error = HttpError(500, "recovery_diverged", str(resume.diverged), entry=entry.name)
-            self._finish(row.id, "failed", error=error.body(), live=live)
+            await self._finish(row.id, "failed", error=error.body(), live=live)
         elif scope.reason is Reason.CANCELLED:
-            self._finish(row.id, "cancelled", error=_cancelled(row.entry), live=live)
+            await self._finish(row.id, "cancelled", error=_cancelled(row.entry), live=live)
         elif scope.reason is Reason.DEADLINE:
             why = "the run's deadline passed"
             error = HttpError(504, "deadline_exceeded", why, entry=entry.name)
-            self._finish(row.id, "failed", error=error.body(), live=live)
+            await self._finish(row.id, "failed", error=error.body(), live=live)
         elif failure is not None:
             error = error_for(failure, entry.name)
             if error.status == 500 and not isinstance(failure, (HttpError, Divergence)):
                 log.error("run %s of %r failed", row.id, entry.name, exc_info=failure)
-            self._finish(row.id, "failed", error=error.body(), live=live)
+            await self._finish(row.id, "failed", error=error.body(), live=live)
         else:
-            self._finish(row.id, "succeeded", result=result, live=live)
+            await self._finish(row.id, "succeeded", result=result, live=live)
 
     async def _items(
         self, run_id: str, entry: Script, req: Any, live: _Live, resume: Resume | None
@@ -294,7 +306,7 @@ class Runs:
         result, every item in a JSON list (None past ``max_result_bytes``: the items are
         in its events alone). A recovered run's items that went out before are checked
         against those it gives again, not sent twice."""
-        before = self._journaled_items(run_id) if resume is not None else iter(())
+        before = self._journaled_items(run_id) if resume is not None else _nothing()
         items: list[bytes] | None = []
         size = 0
         n = 0
@@ -309,9 +321,9 @@ class Runs:
                     items.append(data)
                 else:
                     items = None  # (the result would be too large to keep: events only)
-            sent = next(before, None)
+            sent = await anext(before, None)
             if sent is None:
-                self._event(live, run_id, "item", data)
+                await self._event(live, run_id, "item", data)
             elif data != sent and resume is not None:
                 raise resume.diverge(
                     f"item {n} differs: the journal has {sent[:80]!r}, "
@@ -321,20 +333,23 @@ class Runs:
         await self.runtime.feed(entry, req, sink)
         return None if items is None else b"[" + b",".join(items) + b"]"
 
-    def _journaled_items(self, run_id: str) -> Iterator[bytes]:
+    async def _journaled_items(self, run_id: str) -> AsyncIterator[bytes]:
         """The items a run's events hold, read a page at a time."""
+        journal = self.journal
         after = 0
-        while page := self.journal.events(run_id, after):
-            yield from (data for _, kind, data in page if kind == "item")
+        while page := await journal.do(journal.events, run_id, after):
+            for _, kind, data in page:
+                if kind == "item":
+                    yield data
             after = page[-1][0]
 
-    def _event(self, live: _Live, run_id: str, kind: str, data: bytes) -> None:
-        self.journal.event(run_id, live.next_event, kind, data)
+    async def _event(self, live: _Live, run_id: str, kind: str, data: bytes) -> None:
+        await self.journal.do(self.journal.event, run_id, live.next_event, kind, data)
         live.next_event += 1
         live.changed.set()
         live.changed = anyio.Event()
 
-    def _finish(
+    async def _finish(
         self,
         run_id: str,
         status: str,
@@ -343,7 +358,8 @@ class Runs:
         error: bytes | None = None,
         live: _Live | None = None,
     ) -> None:
-        if not self.journal.finish(run_id, status, result=result, error=error):
+        journal = self.journal
+        if not await journal.do(journal.finish, run_id, status, result=result, error=error):
             return
         self.outcomes[status] = self.outcomes.get(status, 0) + 1
         end = b'{"status":"%s","result":%s,"error":%s}' % (
@@ -352,9 +368,10 @@ class Runs:
             error_object(error),
         )
         if live is not None:
-            self._event(live, run_id, "end", end)
+            await self._event(live, run_id, "end", end)
         else:
-            self.journal.event(run_id, self.journal.last_event(run_id) + 1, "end", end)
+            last = await journal.do(journal.last_event, run_id)
+            await journal.do(journal.event, run_id, last + 1, "end", end)
 
     async def cancel(self, row: RunRow) -> tuple[int, RunRow]:
         """Cancel ``row``: its scope here; in the store when it waits or its owner is
@@ -368,12 +385,18 @@ class Runs:
                 while row.id in self.live:
                     await live.changed.wait()
         elif row.lease < time.time() or row.status == "queued":
-            self._finish(row.id, "cancelled", error=_cancelled(row.entry))
+            await self._finish(row.id, "cancelled", error=_cancelled(row.entry))
         else:
-            self.journal.ask_cancel(row.id)
-            return 202, self.journal.get(row.id) or row
-        current = self.journal.get(row.id) or row
+            await self.journal.do(self.journal.ask_cancel, row.id)
+            return 202, await self.journal.do(self.journal.get, row.id) or row
+        current = await self.journal.do(self.journal.get, row.id) or row
         return (200 if current.status in TERMINAL else 202), current
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    """No items (a run not recovered sent none before)."""
+    return
+    yield
 
 
 def _cancelled(entry: str) -> bytes:
