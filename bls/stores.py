@@ -205,11 +205,14 @@ class PostgresJournal(Journal):
 
     def _connect(self) -> Any:
         try:
+            # (The URL's own ?options=, if any, after these: they win.)
+            given = self._psycopg.conninfo.conninfo_to_dict(self._url).get("options") or ""
+            ours = f"-c lock_timeout={BUSY_MS} -c statement_timeout={STATEMENT_MS}"
             db = self._psycopg.connect(
                 self._url,
                 autocommit=True,
                 connect_timeout=max(1, BUSY_MS // 1000),
-                options=f"-c lock_timeout={BUSY_MS} -c statement_timeout={STATEMENT_MS}",
+                options=f"{ours} {given}".strip(),
                 keepalives=1,
                 keepalives_idle=5,
                 keepalives_interval=2,

@@ -84,6 +84,11 @@ def test_a_store_is_named_by_its_url_and_survives_a_broken_connection(
         journal.get("r")
     assert journal.get("r") is None
     journal.close()
+    # A statement is bounded (15 s; the URL's own options may say otherwise).
+    quick = PostgresJournal(f"{store}?options=-c%20statement_timeout%3D50")
+    with pytest.raises(JournalError, match="statement timeout"):
+        quick._execute("SELECT pg_sleep(1)")
+    quick.close()
 
 
 def _finished_calls(store: str, run_ids: list[str]) -> set[tuple[int, int]]:
