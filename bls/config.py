@@ -106,7 +106,9 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     deadline when its request names none; ``retain_s``, ``retain``: finished runs are
     forgotten after this long, and past this many; ``max_result_bytes``: a streaming
     run's items kept as its result (past it, its result is null: they are in its
-    events); ``max_event_streams``: ``/events`` streams open at once (more get 503)."""
+    events); ``max_event_streams``: ``/events`` streams open at once (more get 503);
+    ``max_file_bytes``: a file of the Files API (``POST /v1/files``, a batch's output), at
+    most; ``batch_concurrency``: a batch's lines running at once."""
 
     store: str | None = None
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
@@ -114,6 +116,8 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     max_queued: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
     max_result_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
     max_event_streams: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1024
+    max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
+    batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
     retain_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24 * 3600.0
     retain: Annotated[int, msgspec.Meta(ge=0)] = 100_000

@@ -25,7 +25,7 @@ import msgspec
 
 from .recording import RecordedCall
 
-__all__ = ["SCHEMA", "STATUSES", "TERMINAL", "Journal", "JournalError", "RunRow"]
+__all__ = ["SCHEMA", "STATUSES", "TERMINAL", "FileRow", "Journal", "JournalError", "RunRow"]
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -64,6 +64,18 @@ class RunRow(msgspec.Struct, kw_only=True):
     cancel: bool = False  # a cancel was asked (DELETE), for its owner to carry out
 
 
+class FileRow(msgspec.Struct, kw_only=True):
+    """A file a client uploaded (``POST /v1/files``) or a batch wrote, as the journal
+    holds it; ``data`` is None when read without it."""
+
+    id: str
+    purpose: str
+    filename: str
+    size: int
+    created: float
+    data: bytes | None = None
+
+
 # The schema, in each store's words for bytes and floats ({blob}, {real}, {compact}).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -82,6 +94,11 @@ CREATE TABLE IF NOT EXISTS events (
     run TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, data {blob} NOT NULL,
     PRIMARY KEY (run, seq)
 ){compact};
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+    size INTEGER NOT NULL, created {real} NOT NULL, data {blob} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS files_by_age ON files (created);
 """
 _COLUMNS = tuple(RunRow.__struct_fields__)
 
@@ -230,8 +247,8 @@ class Journal:
         )
 
     def prune(self, *, older_than: float | None = None, keep: int | None = None) -> int:
-        """Forget finished runs that ended more than ``older_than`` s ago, and all but the
-        newest ``keep`` finished ones; how many went."""
+        """Forget finished runs that ended more than ``older_than`` s ago (and files made
+        that long ago), and all but the newest ``keep`` finished runs; how many runs went."""
         gone: set[str] = set()
         if older_than is not None:
             rows = self._execute(
@@ -247,6 +264,8 @@ class Journal:
                 (_EVERY, keep),
             )
             gone.update(r[0] for r in rows.fetchall())
+        if older_than is not None:
+            self._execute("DELETE FROM files WHERE created < ?", (time.time() - older_than,))
         if gone:
             with self._transaction():
                 for table, column in (("runs", "id"), ("calls", "run"), ("events", "run")):
@@ -291,6 +310,45 @@ class Journal:
     def last_event(self, run_id: str) -> int:
         row = self._execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()
         return int(row[0] or 0)
+
+    # -- files (the OpenAI Files API's, for batches) ---------------------------------------
+
+    def put_file(self, file: FileRow) -> None:
+        assert file.data is not None
+        self._execute(
+            "INSERT INTO files (id, purpose, filename, size, created, data) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (file.id, file.purpose, file.filename, file.size, file.created, file.data),
+        )
+
+    def file(self, file_id: str, *, data: bool = False) -> FileRow | None:
+        """The file ``file_id`` (its bytes too when ``data``); None: no such file."""
+        what = "id, purpose, filename, size, created" + (", data" if data else "")
+        found = self._execute(f"SELECT {what} FROM files WHERE id = ?", (file_id,)).fetchone()
+        if found is None:
+            return None
+        row = FileRow(
+            id=found[0], purpose=found[1], filename=found[2], size=found[3], created=found[4]
+        )
+        if data:
+            row.data = bytes(found[5])
+        return row
+
+    def files(self, *, purpose: str | None = None, limit: int = 100) -> list[FileRow]:
+        """Files newest first, ``limit`` at most, of ``purpose`` only when given."""
+        sql = "SELECT id, purpose, filename, size, created FROM files"
+        args: list[Any] = []
+        if purpose is not None:
+            sql += " WHERE purpose = ?"
+            args.append(purpose)
+        rows = self._execute(f"{sql} ORDER BY created DESC, id DESC LIMIT ?", (*args, limit))
+        return [
+            FileRow(id=r[0], purpose=r[1], filename=r[2], size=r[3], created=r[4])
+            for r in rows.fetchall()
+        ]
+
+    def delete_file(self, file_id: str) -> bool:
+        return bool(self._execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 1)
 
 
 def _row(values: Sequence[object]) -> RunRow:

@@ -290,6 +290,15 @@ class RequestScope:
         return self._scope.cancelled_caught
 
     @property
+    def cancelling(self) -> Reason | None:
+        """Why what runs in the scope is being cancelled, while it is (code that cleans
+        up may differ by it): the reason given, or :attr:`Reason.DEADLINE`; None when it
+        is not being cancelled."""
+        if not self._scope.cancel_called:
+            return None
+        return self._reason or Reason.DEADLINE
+
+    @property
     def reason(self) -> Reason | None:
         """Why the scope ended what ran in it, once it has: the reason it was cancelled
         for, or :attr:`Reason.DEADLINE`; None when what ran ended by itself."""

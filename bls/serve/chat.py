@@ -212,10 +212,10 @@ class _Choice(msgspec.Struct):
 
 class _Completion(msgspec.Struct, omit_defaults=True):
     id: str
+    object: str  # (always sent: "chat.completion", as OpenAI's API and vLLM's send it)
     created: int
     model: str
     choices: list[_Choice]
-    object: str = "chat.completion"
     usage: Usage | None = None
 
 
@@ -236,7 +236,8 @@ def completion(
             message = _Reply("assistant", "", made)
         logprobs = None if transcript.logprobs is None else _Logprobs(transcript.logprobs)
         choices.append(_Choice(index, message, finish_of(transcript, mode), logprobs))
-    body = _Completion(cid, int(time.time()), model, choices, usage=total_usage(transcripts))
+    usage = total_usage(transcripts)
+    body = _Completion(cid, "chat.completion", int(time.time()), model, choices, usage=usage)
     return _encode(body)
 
 

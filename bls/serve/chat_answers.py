@@ -28,7 +28,7 @@ from .chat import ChatChunks, Transcript
 from .framing import SSE, HttpError, Scope, Send, data_error, respond, start
 from .intake import Request
 
-__all__ = ["answer_chat"]
+__all__ = ["answer_chat", "completion_body"]
 
 log = logging.getLogger("bls.http")
 
@@ -46,6 +46,33 @@ async def answer_chat(
     """A ``chat.completion``, or with ``"stream": true`` each choice's role chunk, a
     chunk per piece of text, its finish, then the usage (when asked) and ``[DONE]``."""
     _check_fields(req, body)
+    model = _model(req, models)
+    if getattr(req, "stream", False):
+        runs = _runs(req)
+        mode = req.tool_mode() if isinstance(req, ChatRequest) else None
+        transcripts = [Transcript() for _ in runs]
+        chunks = ChatChunks(chat.completion_id(), model, len(runs))
+        streamed = _Stream(send, request, chunks, mode)
+        await _each(runs, lambda i, r: streamed.choice(runtime, entry, r, i, transcripts[i]))
+        await streamed.end(req, transcripts)
+        return
+    answer = await _completion(runtime, model, entry, req)
+    request.reply.status = 200
+    request.reply.finishing = True
+    await respond(scope, send, 200, answer, request.id.encode())
+
+
+async def completion_body(
+    runtime: Runtime, models: list[str], entry: Script, req: Any, body: bytes
+) -> bytes:
+    """The ``chat.completion`` a request without ``"stream": true`` is answered with (a
+    batch's line is answered so): its fields checked, the entry run once per choice."""
+    _check_fields(req, body)
+    return await _completion(runtime, _model(req, models), entry, req)
+
+
+def _model(req: Any, models: list[str]) -> str:
+    """The model the request names (the first served one when it names none); 404."""
     model = getattr(req, "model", "") or models[0]
     if model not in models:
         raise HttpError(
@@ -55,23 +82,18 @@ async def answer_chat(
             path="$.model",
             param="model",
         )
+    return model
+
+
+async def _completion(runtime: Runtime, model: str, entry: Script, req: Any) -> bytes:
     runs = _runs(req)
     mode = req.tool_mode() if isinstance(req, ChatRequest) else None
-    cid = chat.completion_id()
     transcripts = [Transcript() for _ in runs]
-    if getattr(req, "stream", False):
-        streamed = _Stream(send, request, ChatChunks(cid, model, len(runs)), mode)
-        await _each(runs, lambda i, r: streamed.choice(runtime, entry, r, i, transcripts[i]))
-        await streamed.end(req, transcripts)
-        return
     await _each(runs, lambda i, r: _collect(runtime, entry, r, transcripts[i]))
     calls = [
         None if mode is None else chat.tool_calls(entry.name, req, mode, t) for t in transcripts
     ]
-    request.reply.status = 200
-    answer = chat.completion(cid, model, transcripts, calls, mode)
-    request.reply.finishing = True
-    await respond(scope, send, 200, answer, request.id.encode())
+    return chat.completion(chat.completion_id(), model, transcripts, calls, mode)
 
 
 def _check_fields(req: Any, body: bytes) -> None:

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .framing import HttpError, error_for
 
-__all__ = ["Runs", "error_object", "wants_async"]
+__all__ = ["Job", "Runs", "error_object", "wants_async"]
 
 log = logging.getLogger("bls.runs")
 _encode = msgspec.json.encode
@@ -63,6 +63,10 @@ class _Live:
         self.recorder = recorder
         self.next_event = next_event
         self.changed = anyio.Event()
+
+
+# A job: (its run, its scope, a function that saves an event) -> its result.
+Job = Callable[[RunRow, RequestScope, Callable[[str, bytes], Awaitable[None]]], Awaitable[bytes]]
 
 
 def wants_async(prefer: bytes | None) -> bool:
@@ -93,6 +97,9 @@ class Runs:
         self.config = config
         self.owner = f"{uuid.uuid4().hex[:12]}"
         self.live: dict[str, _Live] = {}
+        # The kinds of job a run may be besides an entry's, by the prefix of its entry
+        # (``batch:`` for :mod:`.batches`); each registers itself.
+        self.jobs: dict[str, Job] = {}
         self.outcomes: dict[str, int] = {}  # runs ended here, by status (for /metrics)
         self._running = 0  # runs started here and not ended (some not in live yet)
         self._drain = Drain(self.live)
@@ -186,13 +193,21 @@ class Runs:
         """A new run of ``entry`` on ``body`` (decoded already); it starts at once when
         there is room here, else it waits in the store (``queued``): 429 when
         ``max_queued`` wait already."""
+        return await self._submit(entry.name, body, priority, timeout)
+
+    async def submit_job(self, kind: str, request: bytes, timeout: float) -> RunRow:
+        """A new run of a job (``kind`` is ``KIND:...``, a kind of :attr:`jobs`), as
+        :meth:`submit` makes an entry's."""
+        return await self._submit(kind, request, 0, timeout)
+
+    async def _submit(self, name: str, body: bytes, priority: int, timeout: float | None) -> RunRow:
         now = time.time()
         timeout = timeout if timeout is not None else self.config.timeout_s
         start_here = not self._drain.draining and self._running < self.config.max_running
         row = RunRow(
             id=f"run-{uuid.uuid4().hex}",
             script=self.script,
-            entry=entry.name,
+            entry=name,
             status="queued",
             request=body,
             priority=priority,
@@ -231,6 +246,12 @@ class Runs:
             self._room.set()
 
     async def _run_entry(self, row: RunRow) -> None:
+        kind, colon, _ = row.entry.partition(":")
+        if colon:  # (no entry's name has one: a job's, "KIND:...")
+            job = self.jobs.get(kind)
+            if job is not None:
+                await self._run_job(row, job)
+                return
         entry = self.entries.get(row.entry)
         if entry is None:
             why = f"the script has no entry {row.entry!r} now (entries: {', '.join(self.entries)})"
@@ -280,21 +301,69 @@ class Runs:
                     resume.check_all_made()
         except Exception as exc:
             failure = exc
+        diverged = resume is not None and resume.diverged is not None
+        if diverged:
+            assert resume is not None
+            failure = HttpError(500, "recovery_diverged", str(resume.diverged), entry=entry.name)
+        await self._ended(row, live, result, failure, diverged=diverged)
+
+    async def _run_job(self, row: RunRow, job: Job) -> None:
+        """A job's run (a batch): as an entry's, but the job's own code, which notes its
+        progress in the run's events (each one saved before it goes on) and, recovered,
+        reads them back to go on from there; no stage call of it is journaled."""
+        journal = self.journal
+        scope = RequestScope(row.id, priority=row.priority)
+        if row.deadline is not None:
+            scope.expire_at(row.deadline)
+        recorder = JournalRecorder(journal, row.id, self.script)  # (only to be stopped)
+        events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
+        live = self.live[row.id] = _Live(scope, recorder, events + 1)
+
+        async def note(kind: str, data: bytes) -> None:
+            await self._event(live, row.id, kind, data)
+
+        result: bytes | None = None
+        failure: BaseException | None = None
+        try:
+            await journal.do(journal.started, row.id, self.owner, self._lease())
+            await note("status", b'{"status":"running"}')
+            try:
+                async with scope:
+                    result = await job(row, scope, note)
+            except Exception as exc:
+                failure = exc
+            await self._ended(row, live, result, failure)
+        finally:
+            del self.live[row.id]
+            self._drain.left()
+            self._room.set()
+
+    async def _ended(
+        self,
+        row: RunRow,
+        live: _Live,
+        result: bytes | None,
+        failure: BaseException | None,
+        *,
+        diverged: bool = False,
+    ) -> None:
+        """The run's outcome into the journal (none when this frontend stopped it); a
+        recovery that ``diverged`` fails with ``failure`` (its scope was cancelled)."""
+        scope = live.scope
         if live.recorder.stopping:
             return  # (another frontend goes on with it)
-        if resume is not None and resume.diverged is not None:
-            error = HttpError(500, "recovery_diverged", str(resume.diverged), entry=entry.name)
-            await self._finish(row.id, "failed", error=error.body(), live=live)
+        if diverged and isinstance(failure, HttpError):
+            await self._finish(row.id, "failed", error=failure.body(), live=live)
         elif scope.reason is Reason.CANCELLED:
             await self._finish(row.id, "cancelled", error=_cancelled(row.entry), live=live)
         elif scope.reason is Reason.DEADLINE:
             why = "the run's deadline passed"
-            error = HttpError(504, "deadline_exceeded", why, entry=entry.name)
+            error = HttpError(504, "deadline_exceeded", why, entry=row.entry)
             await self._finish(row.id, "failed", error=error.body(), live=live)
         elif failure is not None:
-            error = error_for(failure, entry.name)
+            error = error_for(failure, row.entry)
             if error.status == 500 and not isinstance(failure, (HttpError, Divergence)):
-                log.error("run %s of %r failed", row.id, entry.name, exc_info=failure)
+                log.error("run %s of %r failed", row.id, row.entry, exc_info=failure)
             await self._finish(row.id, "failed", error=error.body(), live=live)
         else:
             await self._finish(row.id, "succeeded", result=result, live=live)

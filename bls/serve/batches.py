@@ -1,0 +1,484 @@
+"""The OpenAI Batch API over background runs: ``/v1/files`` and ``/v1/batches``, for the
+chat entry (``@bls.script(openai="chat")``), as the official ``openai`` client calls them.
+
+- ``POST /v1/files`` (multipart: ``file``, ``purpose``) keeps a file in the runs store
+  (at most ``[runs] max_file_bytes``); ``GET /v1/files``, ``GET /v1/files/ID``, ``GET
+  /v1/files/ID/content`` and ``DELETE /v1/files/ID`` read and remove one.
+- ``POST /v1/batches`` (``input_file_id``, ``endpoint`` = ``/v1/chat/completions``,
+  ``completion_window`` = ``24h``, ``metadata``) checks every line of the input file
+  (400 naming the line and the field: JSON, a unique ``custom_id``, ``method`` POST, the
+  ``url`` the endpoint, a ``body``), then makes a background run of kind ``batch``
+  (:class:`bls.serve.runs.Runs` runs it, and takes it over when its frontend dies);
+  ``GET /v1/batches[/ID]`` and ``POST /v1/batches/ID/cancel`` read and cancel it.
+
+A batch runs its lines ``[runs] batch_concurrency`` at a time, each answered as ``POST
+/v1/chat/completions`` answers it (:func:`.chat_answers.completion_body`), and saves each
+line's outcome as an event of its run before going on. A batch that was taken over goes
+on from those events: a line that ended is not run again; one that was running when its
+frontend stopped runs again. At its end (completed, cancelled or expired) its output
+file holds the lines that were answered 200 and its error file the others, in the input
+file's order, each ``{"id", "custom_id", "response": {"status_code", "request_id",
+"body"}, "error"}``.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+import anyio
+import msgspec
+
+from ..entry import Script
+from ..errors import InvalidRequest
+from ..journal import FileRow, RunRow
+from ..runtime import Runtime
+from ..scope import Reason, RequestScope
+from .chat_answers import completion_body
+from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
+from .intake import Disconnected, _rest_of_body, header, request_id_of, take_body
+from .routing import Route
+from .runs import Runs
+
+__all__ = ["Batches"]
+
+ENDPOINT = "/v1/chat/completions"
+MAX_LINES = 50_000  # lines of one batch, at most (OpenAI's bound)
+_BODY_S = 60.0  # how long an upload's body may take to arrive, at most
+_STATUS = {  # a batch's status, by its run's
+    "queued": "validating",
+    "running": "in_progress",
+    "succeeded": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+_encode = msgspec.json.encode
+
+
+class _Line(msgspec.Struct, forbid_unknown_fields=False):
+    custom_id: str
+    method: str
+    url: str
+    body: msgspec.Raw
+
+
+class _Create(msgspec.Struct, forbid_unknown_fields=False):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+
+class _Done(msgspec.Struct):
+    """A line's outcome, as its event holds it."""
+
+    index: int
+    ok: bool
+    total: int  # the batch's lines
+    completed: int  # lines answered 200 so far, this one included
+    failed: int  # lines answered otherwise so far
+    line: msgspec.Raw  # the output (or error) file's line
+
+
+class Batches:
+    """The Files and Batch routes (:attr:`routes`) of a frontend's chat entry ``entry``
+    over ``runs``; ``models``: the names the chat route answers to."""
+
+    def __init__(self, runs: Runs, runtime: Runtime, entry: Script, models: list[str]) -> None:
+        self.runs = runs
+        self.journal = runs.journal
+        self.runtime = runtime
+        self.entry = entry
+        self.models = models
+        self.kind = f"batch:{entry.name}"
+        runs.jobs["batch"] = self._run
+        self.routes = [
+            Route("/v1/files", ["GET", "POST"], self._files),
+            Route("/v1/files/", ["GET", "DELETE"], self._file, prefix=True),
+            Route("/v1/batches", ["GET", "POST"], self._batches),
+            Route("/v1/batches/", ["GET", "POST"], self._batch, prefix=True),
+        ]
+
+    # -- files --------------------------------------------------------------------------
+
+    async def _files(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+        rid = request_id_of(scope)
+        journal = self.journal
+        try:
+            if scope["method"] == "GET":
+                purpose = _query(scope).get("purpose")
+                files = await journal.do(journal.files, purpose=purpose, limit=10_000)
+                data = b",".join(_file_body(f) for f in files)
+                await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
+                return
+            limit = self.runs.config.max_file_bytes
+            body = await _body(scope, receive, limit + 64 * 1024)
+            purpose, filename, data = _upload(header(scope, b"content-type") or b"", body)
+            if len(data) > limit:
+                raise HttpError(
+                    413,
+                    "too_large",
+                    f"the file is {len(data)} bytes, over [runs] max_file_bytes ({limit})",
+                    path="file",
+                )
+            file = FileRow(
+                id=f"file-{uuid.uuid4().hex}",
+                purpose=purpose,
+                filename=filename,
+                size=len(data),
+                created=time.time(),
+                data=data,
+            )
+            await journal.do(journal.put_file, file)
+        except HttpError as error:
+            await send_error(scope, send, error, rid)
+            return
+        except Disconnected:
+            return
+        await respond(scope, send, 200, _file_body(file), rid)
+
+    async def _file(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
+        rid = request_id_of(scope)
+        file_id, _, tail = rest.partition("/")
+        journal = self.journal
+        deleting = scope["method"] == "DELETE"
+        if tail not in ("", "content") or (tail and deleting):
+            error = HttpError(404, "not_found", f"no route {scope['method']} {scope['path']}")
+            await send_error(scope, send, error, rid)
+            return
+        file = await journal.do(journal.file, file_id, data=tail == "content")
+        if file is None:
+            await send_error(scope, send, HttpError(404, "not_found", f"no file {file_id!r}"), rid)
+        elif deleting:
+            await journal.do(journal.delete_file, file_id)
+            body = _encode({"id": file_id, "object": "file", "deleted": True})
+            await respond(scope, send, 200, body, rid)
+        elif tail == "content":
+            assert file.data is not None
+            await respond(scope, send, 200, file.data, rid, b"application/octet-stream")
+        else:
+            await respond(scope, send, 200, _file_body(file), rid)
+
+    # -- batches ------------------------------------------------------------------------
+
+    async def _batches(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+        rid = request_id_of(scope)
+        journal = self.journal
+        try:
+            if scope["method"] == "GET":
+                rows = await journal.do(journal.runs, limit=1000)
+                mine = [r for r in rows if r.entry == self.kind]
+                data = b",".join([await self._batch_body(r) for r in mine[:100]])
+                await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
+                return
+            body = await _body(scope, receive, 64 * 1024)
+            row = await self._create(body)
+        except HttpError as error:
+            await send_error(scope, send, error, rid)
+            return
+        except Disconnected:
+            return
+        await respond(scope, send, 200, await self._batch_body(row), rid)
+
+    async def _create(self, body: bytes) -> RunRow:
+        try:
+            asked = msgspec.json.decode(body, type=_Create)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise HttpError(400, "invalid_request", f"the batch: {exc}") from None
+        if asked.endpoint != ENDPOINT:
+            why = f"endpoint {asked.endpoint!r}: batches run {ENDPOINT} only"
+            raise HttpError(400, "invalid_request", why, path="$.endpoint")
+        if asked.completion_window != "24h":
+            why = f"completion_window {asked.completion_window!r}: only '24h' is supported"
+            raise HttpError(400, "invalid_request", why, path="$.completion_window")
+        journal = self.journal
+        file = await journal.do(journal.file, asked.input_file_id, data=True)
+        if file is None:
+            why = f"no file {asked.input_file_id!r}"
+            raise HttpError(400, "invalid_request", why, path="$.input_file_id")
+        assert file.data is not None
+        _lines(file.data)  # (each line checked now: 400 naming the first that is wrong)
+        request = _encode(
+            {
+                "input_file_id": asked.input_file_id,
+                "metadata": asked.metadata,
+                "endpoint": ENDPOINT,
+                "completion_window": "24h",
+            }
+        )
+        return await self.runs.submit_job(self.kind, request, 24 * 3600.0)
+
+    async def _batch(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
+        rid = request_id_of(scope)
+        batch_id, _, tail = rest.partition("/")
+        method = scope["method"]
+        row = await self.journal.do(self.journal.get, batch_id)
+        if row is None or row.entry != self.kind:
+            error = HttpError(404, "not_found", f"no batch {batch_id!r}")
+            await send_error(scope, send, error, rid)
+            return
+        if (method, tail) == ("POST", "cancel"):
+            _, row = await self.runs.cancel(row)
+        elif (method, tail) != ("GET", ""):
+            error = HttpError(404, "not_found", f"no route {method} {scope['path']}")
+            await send_error(scope, send, error, rid)
+            return
+        await respond(scope, send, 200, await self._batch_body(row), rid)
+
+    async def _batch_body(self, row: RunRow) -> bytes:
+        """A batch as OpenAI's API gives it, from its run and its last line's counts."""
+        journal = self.journal
+        asked = msgspec.json.decode(row.request)
+        last = await journal.do(journal.last_event, row.id)
+        counts = {"total": 0, "completed": 0, "failed": 0}
+        for _, kind, data in await journal.do(journal.events, row.id, max(0, last - 3)):
+            if kind == "line":
+                done = msgspec.json.decode(data, type=_Done)
+                counts.update(total=done.total, completed=done.completed, failed=done.failed)
+            elif kind == "lines":
+                counts["total"] = int(data)
+        status = _STATUS[row.status]
+        if row.status == "failed" and row.error is not None and b"deadline" in row.error:
+            status = "expired"
+        output = error = None
+        if row.status in ("succeeded", "failed", "cancelled"):
+            if await journal.do(journal.file, _output_id(row.id)) is not None:
+                output = _output_id(row.id)
+            if await journal.do(journal.file, _error_id(row.id)) is not None:
+                error = _error_id(row.id)
+        created = int(row.created)
+        ended = None if row.ended is None else int(row.ended)
+        body: dict[str, Any] = {
+            "id": row.id,
+            "object": "batch",
+            "endpoint": ENDPOINT,
+            "errors": None,
+            "input_file_id": asked["input_file_id"],
+            "completion_window": "24h",
+            "status": status,
+            "output_file_id": output,
+            "error_file_id": error,
+            "created_at": created,
+            "in_progress_at": None if row.started is None else int(row.started),
+            "expires_at": created + 24 * 3600,
+            "completed_at": ended if status == "completed" else None,
+            "failed_at": ended if status == "failed" else None,
+            "expired_at": ended if status == "expired" else None,
+            "cancelled_at": ended if status == "cancelled" else None,
+            "request_counts": counts,
+            "metadata": asked.get("metadata"),
+        }
+        if status == "failed" and row.error is not None:
+            failure = msgspec.json.decode(row.error)["error"]
+            body["errors"] = {
+                "object": "list",
+                "data": [{"code": failure.get("type"), "message": failure.get("message")}],
+            }
+        return _encode(body)
+
+    # -- running one --------------------------------------------------------------------
+
+    async def _run(
+        self, row: RunRow, scope: RequestScope, note: Callable[[str, bytes], Awaitable[None]]
+    ) -> bytes:
+        """The batch's run (a :data:`bls.serve.runs.Job`): its lines not done yet, then
+        its output and error files (those made even when it is cancelled or expires)."""
+        journal = self.journal
+        asked = msgspec.json.decode(row.request)
+        file = await journal.do(journal.file, asked["input_file_id"], data=True)
+        if file is None:
+            why = f"the input file {asked['input_file_id']!r} was deleted"
+            raise HttpError(400, "invalid_request", why)
+        assert file.data is not None
+        lines = _lines(file.data)
+        done: dict[int, _Done] = {}
+        after = 0
+        while page := await journal.do(journal.events, row.id, after):
+            for seq, kind, data in page:
+                if kind == "line":
+                    ended = msgspec.json.decode(data, type=_Done)
+                    done[ended.index] = ended
+                after = seq
+        if not done:
+            await note("lines", b"%d" % len(lines))
+        counts = [sum(d.ok for d in done.values()), sum(not d.ok for d in done.values())]
+        limiter = anyio.CapacityLimiter(self.runs.config.batch_concurrency)
+
+        async def one(index: int, line: _Line) -> None:
+            async with limiter:
+                status, answer = await self._answer(line)
+            ok = status == 200
+            counts[0 if ok else 1] += 1
+            out = _encode(
+                {
+                    "id": f"batch_req_{uuid.uuid4().hex}",
+                    "custom_id": line.custom_id,
+                    "response": {
+                        "status_code": status,
+                        "request_id": f"{row.id}-{index}",
+                        "body": msgspec.Raw(answer),
+                    },
+                    "error": None,
+                }
+            )
+            entry = _Done(index, ok, len(lines), counts[0], counts[1], msgspec.Raw(out))
+            done[index] = entry
+            with anyio.CancelScope(shield=True):  # (an answered line is kept)
+                await note("line", _encode(entry))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for index, todo in enumerate(lines):
+                    if index not in done:
+                        tg.start_soon(one, index, todo)
+        except BaseException:
+            # Cancelled, or past its deadline: what it answered is its output. (Stopped
+            # for another frontend to go on with: none yet.)
+            if scope.cancelling in (Reason.CANCELLED, Reason.DEADLINE):
+                with anyio.CancelScope(shield=True):
+                    await self._write_files(row.id, done)
+            raise
+        await self._write_files(row.id, done)
+        return b"null"
+
+    async def _answer(self, line: _Line) -> tuple[int, bytes]:
+        """(status, body) of one line, as ``POST /v1/chat/completions`` answers it."""
+        body = bytes(line.body)
+        try:
+            req = self.entry.decode(body)
+            if getattr(req, "stream", False):
+                why = "a batch's line cannot stream: leave out 'stream'"
+                raise HttpError(400, "unsupported", why, path="$.body.stream")
+            answer = await completion_body(self.runtime, self.models, self.entry, req, body)
+            return 200, answer
+        except InvalidRequest as exc:
+            error = HttpError(422, "invalid_request", exc.message, path=exc.path)
+            return error.status, error.body()
+        except Exception as exc:
+            error = error_for(exc, self.entry.name)
+            return error.status, error.body()
+
+    async def _write_files(self, run_id: str, done: dict[int, _Done]) -> None:
+        journal = self.journal
+        limit = self.runs.config.max_file_bytes
+        for ok, file_id, name in (
+            (True, _output_id(run_id), "output"),
+            (False, _error_id(run_id), "errors"),
+        ):
+            lines = [bytes(done[i].line) for i in sorted(done) if done[i].ok is ok]
+            data = b"".join(line + b"\n" for line in lines)
+            if not lines or await journal.do(journal.file, file_id) is not None:
+                continue
+            if len(data) > limit:
+                raise HttpError(
+                    500,
+                    "too_large",
+                    f"the batch's {name} would be {len(data)} bytes, over [runs] "
+                    f"max_file_bytes ({limit})",
+                )
+            file = FileRow(
+                id=file_id,
+                purpose="batch_output",
+                filename=f"{run_id}_{name}.jsonl",
+                size=len(data),
+                created=time.time(),
+                data=data,
+            )
+            await journal.do(journal.put_file, file)
+
+
+def _output_id(run_id: str) -> str:
+    return f"file-{run_id}-output"
+
+
+def _error_id(run_id: str) -> str:
+    return f"file-{run_id}-errors"
+
+
+def _lines(data: bytes) -> list[_Line]:
+    """The input file's lines, each checked: 400 naming the first that is wrong."""
+    lines: list[_Line] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = msgspec.json.decode(raw, type=_Line)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise HttpError(400, "invalid_request", f"input file line {number}: {exc}") from None
+        where = f"input file line {number}"
+        if line.method != "POST":
+            raise HttpError(400, "invalid_request", f"{where}: method must be POST", path="method")
+        if line.url != ENDPOINT:
+            why = f"{where}: url {line.url!r} is not the batch's endpoint {ENDPOINT}"
+            raise HttpError(400, "invalid_request", why, path="url")
+        if line.custom_id in seen:
+            why = f"{where}: custom_id {line.custom_id!r} is used twice"
+            raise HttpError(400, "invalid_request", why, path="custom_id")
+        seen.add(line.custom_id)
+        lines.append(line)
+        if len(lines) > MAX_LINES:
+            raise HttpError(400, "invalid_request", f"more than {MAX_LINES} lines")
+    if not lines:
+        raise HttpError(400, "invalid_request", "the input file has no lines")
+    return lines
+
+
+def _file_body(file: FileRow) -> bytes:
+    return _encode(
+        {
+            "id": file.id,
+            "object": "file",
+            "bytes": file.size,
+            "created_at": int(file.created),
+            "filename": file.filename,
+            "purpose": file.purpose,
+            "status": "processed",
+        }
+    )
+
+
+async def _body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The request's body: 413 past ``limit`` bytes, 408 past :data:`_BODY_S`."""
+    length = header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+    body = take_body(scope)
+    if body is not None:
+        return body
+    with anyio.move_on_after(_BODY_S):
+        return await _rest_of_body(await receive(), receive, limit)
+    raise HttpError(408, "body_timeout", f"the body took more than {_BODY_S:g}s to arrive")
+
+
+def _upload(content_type: bytes, body: bytes) -> tuple[str, str, bytes]:
+    """(purpose, file name, bytes) of a ``multipart/form-data`` upload; 400 naming what
+    is missing."""
+    if not content_type.lower().startswith(b"multipart/form-data"):
+        why = "upload the file as multipart/form-data (fields 'file' and 'purpose')"
+        raise HttpError(400, "invalid_request", why)
+    head = b"Content-Type: " + content_type + b"\r\n\r\n"
+    parsed = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in parsed.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    if "file" not in fields:
+        raise HttpError(400, "invalid_request", "no 'file' field in the upload", path="file")
+    purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace")
+    if purpose != "batch":
+        why = f"purpose {purpose!r}: files are kept for batches ('batch') only"
+        raise HttpError(400, "invalid_request", why, path="purpose")
+    filename, data = fields["file"]
+    return purpose, filename or "upload.jsonl", data
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    return dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))

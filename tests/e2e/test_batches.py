@@ -1,0 +1,236 @@
+"""The OpenAI Batch API for real: the official `openai` client uploads a JSONL file,
+makes a batch of chat completions over `bls serve --runs`, follows it and reads its
+output; a batch goes on after its frontend is killed with SIGKILL without running a
+finished line again; a cancelled batch stops its remote calls and keeps what it
+answered; bad input is refused naming the line and the field."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from bls.stores import open_journal
+
+from .procs import Proc, drain, start, wait_for
+from .test_runs import SCRIPT, calls, lines, worker  # noqa: F401
+
+
+def serve(worker: Proc, store: str, config: Path, *more: str) -> Proc:  # noqa: F811
+    args = ["serve", SCRIPT, "--port", "0", "--runs", store, "--config", str(config)]
+    return start([*args, "--bind", f"slow={worker.address}", *more])
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    return f"sqlite://{tmp_path / 'runs.sqlite3'}"
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "runs.toml"
+    path.write_text("[runs]\nlease_s = 1.0\nbatch_concurrency = 4\nmax_file_bytes = 65536\n")
+    return path
+
+
+def client(server: Proc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.address}/v1", api_key="unused", max_retries=0)
+
+
+def jsonl(*turns: str, bad: bool = False) -> bytes:
+    rows: list[dict[str, Any]] = [
+        {
+            "custom_id": f"req-{turn.split()[0]}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "tiny", "messages": [{"role": "user", "content": turn}]},
+        }
+        for turn in turns
+    ]
+    if bad:  # a line whose body the chat route refuses: in the error file, not fatal
+        rows.append({**rows[0], "custom_id": "bad", "body": {"model": "tiny"}})
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def submit(server: Proc, data: bytes) -> str:
+    api = client(server)
+    uploaded = api.files.create(file=("batch.jsonl", io.BytesIO(data)), purpose="batch")
+    assert uploaded.bytes == len(data) and uploaded.purpose == "batch"
+    batch = api.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status in ("validating", "in_progress") and batch.input_file_id == uploaded.id
+    return batch.id
+
+
+def finished(server: Proc, batch_id: str, timeout: float = 60) -> Any:
+    api = client(server)
+    got: list[Any] = []
+
+    def over() -> bool:
+        got[:] = [api.batches.retrieve(batch_id)]
+        return got[0].status in ("completed", "failed", "cancelled", "expired")
+
+    wait_for(over, timeout=timeout, interval=0.1)
+    return got[0]
+
+
+def outputs(server: Proc, file_id: str | None) -> dict[str, dict[str, Any]]:
+    if file_id is None:
+        return {}
+    text = client(server).files.content(file_id).text
+    rows = [json.loads(line) for line in text.splitlines()]
+    return {row["custom_id"]: row for row in rows}
+
+
+def test_a_batch_answers_each_line_as_the_chat_route_does(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,
+) -> None:
+    server = serve(worker, store, config)
+    try:
+        batch_id = submit(server, jsonl(*(str(n) for n in range(12)), bad=True))
+        batch = finished(server, batch_id)
+        assert batch.status == "completed", batch
+        counts = batch.request_counts
+        assert (counts.total, counts.completed, counts.failed) == (13, 12, 1)
+        answered = outputs(server, batch.output_file_id)
+        assert sorted(answered) == sorted(f"req-{n}" for n in range(12))
+        sync = client(server).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "3"}]
+        )
+        line = answered["req-3"]["response"]
+        assert line["status_code"] == 200
+        assert line["body"]["object"] == "chat.completion"
+        text = line["body"]["choices"][0]["message"]["content"]
+        assert text == sync.choices[0].message.content == "line 3:0"
+        failed = outputs(server, batch.error_file_id)["bad"]["response"]
+        assert failed["status_code"] == 422
+        assert "missing required field `messages`" in failed["body"]["error"]["message"]
+        # Listed, and its files read and removed like any other.
+        listed = client(server).batches.list()
+        assert [b.id for b in listed.data] == [batch_id]
+        assert client(server).files.delete(batch.error_file_id).deleted
+        with pytest.raises(openai.NotFoundError):
+            client(server).files.retrieve(batch.error_file_id)
+    finally:
+        drain([server])
+
+
+def test_a_batch_goes_on_after_its_frontend_is_killed_without_redoing_a_line(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,
+    calls: Path,  # noqa: F811
+) -> None:
+    first = serve(worker, store, config)
+    try:
+        batch_id = submit(first, jsonl(*(f"{n} 0.3" for n in range(24))))
+        journal = open_journal(store)
+
+        def lines_done() -> set[int]:
+            events = journal.events(batch_id, 0, 10_000)
+            return {json.loads(d)["index"] for _, k, d in events if k == "line"}
+
+        wait_for(lambda: len(lines_done()) >= 8, timeout=30, interval=0.05)
+        first.signal(signal.SIGKILL)
+        first.wait()
+        done_before = lines_done()
+        assert 8 <= len(done_before) < 24
+    finally:
+        drain([first])
+    second = serve(worker, store, config, "--backend", "trio")
+    try:
+        batch = finished(second, batch_id)
+        assert batch.status == "completed" and batch.request_counts.completed == 24
+        answered = outputs(second, batch.output_file_id)
+        for n in range(24):
+            body = answered[f"req-{n}"]["response"]["body"]
+            assert body["choices"][0]["message"]["content"] == f"line {n}:0"
+        started = collections.Counter(
+            int(line.split()[1]) for line in lines(calls) if line.startswith("start")
+        )
+        assert all(started[n] == 1 for n in done_before)  # none ran twice
+        assert set(started) == set(range(24))
+        journal.close()
+    finally:
+        drain([second])
+
+
+def test_a_cancelled_batch_stops_its_calls_and_keeps_what_it_answered(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,
+    calls: Path,  # noqa: F811
+) -> None:
+    server = serve(worker, store, config)
+    try:
+        # Two quick lines, then slow ones (four at a time): cancelled while they run.
+        batch_id = submit(server, jsonl("0", "1", *(f"{n} 60" for n in range(2, 10))))
+        wait_for(lambda: sum(ln.startswith("start") for ln in lines(calls)) >= 6, timeout=30)
+        cancelled = client(server).batches.cancel(batch_id)
+        assert cancelled.status in ("cancelling", "cancelled")
+        batch = finished(server, batch_id)
+        assert batch.status == "cancelled"
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
+        assert sorted(outputs(server, batch.output_file_id)) == ["req-0", "req-1"]
+        wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(calls)) == 4, timeout=10)
+        assert (
+            client(server)
+            .chat.completions.create(  # the server serves on
+                model="tiny", messages=[{"role": "user", "content": "7"}]
+            )
+            .choices[0]
+            .message.content
+            == "line 7:0"
+        )
+    finally:
+        drain([server])
+
+
+def test_bad_uploads_and_batches_are_refused_naming_what_is_wrong(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,
+) -> None:
+    server = serve(worker, store, config)
+    api = client(server)
+    try:
+        with pytest.raises(openai.BadRequestError, match="purpose 'fine-tune'"):
+            api.files.create(file=("x.jsonl", io.BytesIO(jsonl("1"))), purpose="fine-tune")
+        with pytest.raises(openai.APIStatusError, match="over \\[runs\\] max_file_bytes") as big:
+            api.files.create(file=("x.jsonl", io.BytesIO(b"x" * 70_000)), purpose="batch")
+        assert big.value.status_code == 413
+        with pytest.raises(openai.BadRequestError, match="no file 'file-nothere'"):
+            api.batches.create(
+                input_file_id="file-nothere",
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+        twice = jsonl("1") + jsonl("1")
+        wrong = api.files.create(file=("x.jsonl", io.BytesIO(twice)), purpose="batch")
+        with pytest.raises(openai.BadRequestError, match="line 2: custom_id 'req-1' is used twice"):
+            api.batches.create(
+                input_file_id=wrong.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        with pytest.raises(openai.BadRequestError, match="batches run /v1/chat/completions"):
+            api.batches.create(
+                input_file_id=wrong.id, endpoint="/v1/embeddings", completion_window="24h"
+            )
+        assert api.batches.list().data == []
+        with pytest.raises(openai.NotFoundError, match="no batch 'batch-x'"):
+            api.batches.retrieve("batch-x")
+        # A plain form post (curl -F) is an upload too; anything else is refused clearly.
+        raw = httpx.post(f"{server.address}/v1/files", content=b"{}")
+        assert raw.status_code == 400 and "multipart/form-data" in raw.json()["error"]["message"]
+        assert api.models.list().data[0].id == "tiny"  # the server serves on
+    finally:
+        drain([server])
