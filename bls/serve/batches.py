@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import anyio
+import anyio.to_thread
 import msgspec
 
 from ..entry import Script
@@ -111,14 +112,16 @@ class Batches:
         journal = self.journal
         try:
             if scope["method"] == "GET":
-                purpose = _query(scope).get("purpose")
-                files = await journal.do(journal.files, purpose=purpose, limit=10_000)
+                wanted = _query(scope).get("purpose")
+                files = await journal.do(journal.files, purpose=wanted, limit=10_000)
                 data = b",".join(_file_body(f) for f in files)
                 await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
                 return
             limit = self.runs.config.max_file_bytes
             body = await _body(scope, receive, limit + 64 * 1024)
-            purpose, filename, data = _upload(header(scope, b"content-type") or b"", body)
+            kind = header(scope, b"content-type") or b""
+            # (Parsed in a worker thread: a large upload is not the event loop's to parse.)
+            purpose, filename, data = await anyio.to_thread.run_sync(_upload, kind, body)
             if len(data) > limit:
                 raise HttpError(
                     413,
@@ -202,7 +205,8 @@ class Batches:
             why = f"no file {asked.input_file_id!r}"
             raise HttpError(400, "invalid_request", why, path="$.input_file_id")
         assert file.data is not None
-        _lines(file.data)  # (each line checked now: 400 naming the first that is wrong)
+        # (Each line checked now, in a worker thread: 400 naming the first that is wrong.)
+        await anyio.to_thread.run_sync(_lines, file.data)
         request = _encode(
             {
                 "input_file_id": asked.input_file_id,
@@ -295,7 +299,7 @@ class Batches:
             why = f"the input file {asked['input_file_id']!r} was deleted"
             raise HttpError(400, "invalid_request", why)
         assert file.data is not None
-        lines = _lines(file.data)
+        lines = await anyio.to_thread.run_sync(_lines, file.data)
         done: dict[int, _Done] = {}
         after = 0
         while page := await journal.do(journal.events, row.id, after):
