@@ -56,13 +56,17 @@ class _Live:
     """A run running here: its scope, its recorder, its next event's number, and who
     waits for its next event."""
 
-    __slots__ = ("changed", "next_event", "recorder", "scope")
+    __slots__ = ("changed", "next_event", "recorder", "scope", "writing")
 
     def __init__(self, scope: RequestScope, recorder: JournalRecorder, next_event: int) -> None:
         self.scope = scope
         self.recorder = recorder
         self.next_event = next_event
         self.changed = anyio.Event()
+        # One event written at a time, in the order of their numbers: a reader that has
+        # read event N never finds an N-1 written after it (a batch's lines note theirs
+        # side by side; a store's write may wait in a worker thread).
+        self.writing = anyio.Lock()
 
 
 # A job: (its run, its scope, a function that saves an event) -> its result.
@@ -413,8 +417,9 @@ class Runs:
             after = page[-1][0]
 
     async def _event(self, live: _Live, run_id: str, kind: str, data: bytes) -> None:
-        await self.journal.do(self.journal.event, run_id, live.next_event, kind, data)
-        live.next_event += 1
+        async with live.writing:
+            await self.journal.do(self.journal.event, run_id, live.next_event, kind, data)
+            live.next_event += 1
         live.changed.set()
         live.changed = anyio.Event()
 

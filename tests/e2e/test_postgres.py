@@ -148,3 +148,24 @@ def test_two_frontends_share_runs_and_one_killed_has_its_runs_finished_by_the_ot
         assert "bls_runs_in_flight 0" in httpx.get(f"{second.address}/metrics").text
     finally:
         drain([first, second])
+
+
+def test_a_batch_runs_on_postgresql(worker: Proc, store: str, tmp_path: Path) -> None:  # noqa: F811
+    """The Batch API's files (bytes in BYTEA) and a batch's run, on PostgreSQL."""
+    from .test_batches import finished, jsonl, outputs
+    from .test_batches import serve as serve_batches
+    from .test_batches import submit as submit_batch
+
+    settings = tmp_path / "batches.toml"
+    settings.write_text("[runs]\nbatch_concurrency = 4\n")
+    server = serve_batches(worker, store, settings)
+    try:
+        batch = finished(server, submit_batch(server, jsonl(*(str(n) for n in range(6)))))
+        assert batch.status == "completed", batch
+        assert batch.request_counts.completed == 6
+        answered = outputs(server, batch.output_file_id)
+        assert answered["req-5"]["response"]["body"]["choices"][0]["message"]["content"] == (
+            "line 5:0"
+        )
+    finally:
+        drain([server])
