@@ -247,8 +247,11 @@ class Batches:
             elif kind == "lines":
                 counts["total"] = int(data)
         status = _STATUS[row.status]
-        if row.status == "failed" and row.error is not None and b"deadline" in row.error:
+        failure = None if row.error is None else msgspec.json.decode(row.error)["error"]
+        if row.status == "failed" and failure and failure["type"] == "deadline_exceeded":
             status = "expired"
+        elif row.cancel and row.status in ("queued", "running"):
+            status = "cancelling"  # (its frontend was asked, and stops it within a lease/5)
         output = error = None
         if row.status in ("succeeded", "failed", "cancelled"):
             if await journal.do(journal.file, _output_id(row.id)) is not None:
@@ -277,8 +280,7 @@ class Batches:
             "request_counts": counts,
             "metadata": asked.get("metadata"),
         }
-        if status == "failed" and row.error is not None:
-            failure = msgspec.json.decode(row.error)["error"]
+        if status == "failed" and failure is not None:
             body["errors"] = {
                 "object": "list",
                 "data": [{"code": failure.get("type"), "message": failure.get("message")}],

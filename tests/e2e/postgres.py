@@ -58,11 +58,13 @@ class PostgresServer:
 
     def __init__(self) -> None:
         assert BIN is not None
-        # (Not under pytest's temporary folder: the postgres user cannot enter root's.)
-        self.folder = Path(tempfile.mkdtemp(prefix="bls-pg-"))
+        # As root, in /tmp itself: the postgres user cannot enter root's own temporary
+        # folders (pytest's, or a $TMPDIR made by mktemp -d).
+        root = os.geteuid() == 0
+        self.folder = Path(tempfile.mkdtemp(prefix="bls-pg-", dir="/tmp" if root else None))
         self.port = _free_port()
         self.as_user: list[str] = []
-        if os.geteuid() == 0:
+        if root:
             user = pwd.getpwnam("postgres")
             os.chown(self.folder, user.pw_uid, user.pw_gid)
             self.as_user = ["runuser", "-u", "postgres", "--"]
