@@ -29,6 +29,7 @@ that says whose fault it was; a traceback never does (it goes to the log).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,6 +43,7 @@ from ..config import AdmissionConfig
 from ..console import loggable
 from ..entry import Script
 from ..errors import InvalidRequest
+from ..journal import JournalError
 from ..lifecycle import Drain
 from ..loop import backend
 from ..record_writer import RecordWriter
@@ -158,7 +160,13 @@ class Frontend:
             except HttpError as error:
                 await _refuse(scope, send, error)
                 return
-            await handler(scope, receive, send, rest)
+            try:
+                await handler(scope, receive, send, rest)
+            except JournalError as exc:  # (a route of runs, files or batches: the store)
+                log.error("%s %s: %s", scope["method"], loggable(scope["path"]), exc)
+                failed = HttpError(503, "store_unavailable", str(exc))
+                with contextlib.suppress(Exception):  # (unless its answer had begun)
+                    await _refuse(scope, send, failed)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 

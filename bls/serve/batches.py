@@ -50,6 +50,7 @@ __all__ = ["Batches"]
 
 ENDPOINT = "/v1/chat/completions"
 MAX_LINES = 50_000  # lines of one batch, at most (OpenAI's bound)
+MAX_UPLOADS = 4  # uploads under way at once in a frontend, at most (more: 503)
 _BODY_S = 60.0  # how long an upload's body may take to arrive, at most
 _STATUS = {  # a batch's status, by its run's
     "queued": "validating",
@@ -97,6 +98,7 @@ class Batches:
         self.entry = entry
         self.models = models
         self.kind = f"batch:{entry.name}"
+        self._uploading = 0  # uploads under way (each holds up to max_file_bytes)
         runs.jobs["batch"] = self._run
         self.routes = [
             Route("/v1/files", ["GET", "POST"], self._files),
@@ -117,18 +119,14 @@ class Batches:
                 data = b",".join(_file_body(f) for f in files)
                 await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
                 return
-            limit = self.runs.config.max_file_bytes
-            body = await _body(scope, receive, limit + 64 * 1024)
-            kind = header(scope, b"content-type") or b""
-            # (Parsed in a worker thread: a large upload is not the event loop's to parse.)
-            purpose, filename, data = await anyio.to_thread.run_sync(_upload, kind, body)
-            if len(data) > limit:
-                raise HttpError(
-                    413,
-                    "too_large",
-                    f"the file is {len(data)} bytes, over [runs] max_file_bytes ({limit})",
-                    path="file",
-                )
+            if self._uploading >= MAX_UPLOADS:
+                why = f"{MAX_UPLOADS} uploads are under way; try again"
+                raise HttpError(503, "too_many_uploads", why, headers=[(b"retry-after", b"1")])
+            self._uploading += 1
+            try:
+                data, purpose, filename = await self._upload(scope, receive)
+            finally:
+                self._uploading -= 1
             file = FileRow(
                 id=f"file-{uuid.uuid4().hex}",
                 purpose=purpose,
@@ -144,6 +142,22 @@ class Batches:
         except Disconnected:
             return
         await respond(scope, send, 200, _file_body(file), rid)
+
+    async def _upload(self, scope: Scope, receive: Receive) -> tuple[bytes, str, str]:
+        """(bytes, purpose, file name) of an upload (413 past ``max_file_bytes``)."""
+        limit = self.runs.config.max_file_bytes
+        body = await _body(scope, receive, limit + 64 * 1024)
+        kind = header(scope, b"content-type") or b""
+        # (Parsed in a worker thread: a large upload is not the event loop's to parse.)
+        purpose, filename, data = await anyio.to_thread.run_sync(_upload, kind, body)
+        if len(data) > limit:
+            raise HttpError(
+                413,
+                "too_large",
+                f"the file is {len(data)} bytes, over [runs] max_file_bytes ({limit})",
+                path="file",
+            )
+        return data, purpose, filename
 
     async def _file(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         rid = request_id_of(scope)

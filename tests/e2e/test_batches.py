@@ -10,6 +10,7 @@ import collections
 import io
 import json
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -232,5 +233,46 @@ def test_bad_uploads_and_batches_are_refused_naming_what_is_wrong(
         raw = httpx.post(f"{server.address}/v1/files", content=b"{}")
         assert raw.status_code == 400 and "multipart/form-data" in raw.json()["error"]["message"]
         assert api.models.list().data[0].id == "tiny"  # the server serves on
+    finally:
+        drain([server])
+
+
+def test_uploads_at_once_are_bounded_and_a_stalled_one_holds_nothing_after(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,
+) -> None:
+    """Four uploads whose bodies stall hold the four upload slots; a fifth is told 503
+    with Retry-After, not queued; once they are gone, uploads go through again."""
+    server = serve(worker, store, config)
+    host, port = server.address.removeprefix("http://").split(":")
+    stalled = []
+    try:
+        for _ in range(4):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(
+                b"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n"
+                b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n"
+            )
+            stalled.append(sock)
+        api = client(server)
+        refused: list[openai.APIStatusError] = []
+
+        def fifth_refused() -> bool:
+            try:
+                api.files.create(file=("x.jsonl", io.BytesIO(jsonl("1"))), purpose="batch")
+            except openai.APIStatusError as exc:
+                refused.append(exc)
+                return True
+            return False
+
+        wait_for(fifth_refused, timeout=10, interval=0.05)
+        assert refused[0].status_code == 503
+        assert refused[0].response.headers["retry-after"] == "1"
+    finally:
+        for sock in stalled:
+            sock.close()
+    try:
+        wait_for(lambda: not fifth_refused(), timeout=10, interval=0.05)
     finally:
         drain([server])

@@ -169,3 +169,29 @@ def test_a_batch_runs_on_postgresql(worker: Proc, store: str, tmp_path: Path) ->
         )
     finally:
         drain([server])
+
+
+def test_a_store_that_goes_away_is_a_503_and_the_server_serves_on(
+    postgres: PostgresServer,
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,  # noqa: F811
+) -> None:
+    import psycopg
+
+    server = serve(worker, store, config)
+    try:
+        run = submit(server, "steps", {"n": 1, "steps": 1})
+        assert ended(server, run["id"])["status"] == "succeeded"
+        with psycopg.connect(postgres.url("postgres"), autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {store.rsplit('/', 1)[1]} WITH (FORCE)")
+        gone = httpx.get(f"{server.address}/v1/runs/{run['id']}")
+        assert gone.status_code == 503, gone.text
+        assert gone.json()["error"]["type"] == "store_unavailable"
+        assert "the runs store postgresql://" in gone.json()["error"]["message"]
+        # Synchronous requests do not need the store: served as before, from a new client.
+        with httpx.Client() as fresh:
+            answer = fresh.post(f"{server.address}/v1/scripts/steps", json={"n": 2, "steps": 1})
+        assert answer.status_code == 200 and answer.json() == {"n": 2, "out": ["2:0"]}
+    finally:
+        drain([server])
