@@ -33,6 +33,7 @@ _EVERY = 2**62  # LIMIT with no limit, in SQL both stores read
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+Event = tuple[int, str, bytes]  # a run's event: (its number, its kind, its data)
 
 _call_encoder = msgspec.msgpack.Encoder()
 _call_decoder = msgspec.msgpack.Decoder(RecordedCall)
@@ -168,25 +169,40 @@ class Journal:
         sql += " ORDER BY created DESC, id DESC LIMIT ?"
         return [_row(r) for r in self._execute(sql, (*args, limit)).fetchall()]
 
-    def started(self, run_id: str, owner: str, lease: float) -> None:
-        self._execute(
-            "UPDATE runs SET status = 'running', started = coalesce(started, ?), owner = ?, "
-            "lease = ? WHERE id = ? AND status IN ('queued', 'running')",
-            (time.time(), owner, lease, run_id),
-        )
+    def started(self, run_id: str, owner: str, lease: float, *, event: Event | None = None) -> None:
+        """The run runs, ``owner``'s until ``lease``; with ``event`` (its first) written
+        in the same transaction."""
+        with self._transaction():
+            self._execute(
+                "UPDATE runs SET status = 'running', started = coalesce(started, ?), "
+                "owner = ?, lease = ? WHERE id = ? AND status IN ('queued', 'running')",
+                (time.time(), owner, lease, run_id),
+            )
+            if event is not None:
+                self.event(run_id, *event)
 
     def finish(
-        self, run_id: str, status: str, *, result: bytes | None = None, error: bytes | None = None
+        self,
+        run_id: str,
+        status: str,
+        *,
+        result: bytes | None = None,
+        error: bytes | None = None,
+        event: Event | None = None,
     ) -> bool:
         """The run's outcome, once: False when it had one already (a cancel that came
-        first)."""
+        first); with ``event`` (its last) written in the same transaction when not."""
         assert status in TERMINAL
-        done = self._execute(
-            "UPDATE runs SET status = ?, result = ?, error = ?, ended = ?, lease = 0 "
-            "WHERE id = ? AND status NOT IN ('succeeded', 'failed', 'cancelled')",
-            (status, result, error, time.time(), run_id),
-        )
-        return bool(done.rowcount == 1)
+        with self._transaction():
+            done = self._execute(
+                "UPDATE runs SET status = ?, result = ?, error = ?, ended = ?, lease = 0 "
+                "WHERE id = ? AND status NOT IN ('succeeded', 'failed', 'cancelled')",
+                (status, result, error, time.time(), run_id),
+            )
+            ended = bool(done.rowcount == 1)
+            if ended and event is not None:
+                self.event(run_id, *event)
+        return ended
 
     def queued(self, script: str) -> int:
         """How many runs of ``script`` wait to start."""

@@ -50,6 +50,7 @@ log = logging.getLogger("bls.runs")
 _encode = msgspec.json.encode
 
 _CANCEL_WAIT_S = 5.0  # how long DELETE waits for a run of its own to end
+_RUNNING = b'{"status":"running"}'  # a run's first event
 
 
 class _Live:
@@ -280,8 +281,7 @@ class Runs:
         events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
         live = self.live[row.id] = _Live(scope, recorder, events + 1)
         try:
-            await journal.do(journal.started, row.id, self.owner, self._lease())
-            await self._event(live, row.id, "status", b'{"status":"running"}')
+            await self._event(live, row.id, "status", _RUNNING, start=(self.owner, self._lease()))
             await self._outcome(row, entry, req, live, resume)
         finally:
             del self.live[row.id]
@@ -329,8 +329,7 @@ class Runs:
         result: bytes | None = None
         failure: BaseException | None = None
         try:
-            await journal.do(journal.started, row.id, self.owner, self._lease())
-            await note("status", b'{"status":"running"}')
+            await self._event(live, row.id, "status", _RUNNING, start=(self.owner, self._lease()))
             try:
                 async with scope:
                     result = await job(row, scope, note)
@@ -416,9 +415,24 @@ class Runs:
                     yield data
             after = page[-1][0]
 
-    async def _event(self, live: _Live, run_id: str, kind: str, data: bytes) -> None:
+    async def _event(
+        self,
+        live: _Live,
+        run_id: str,
+        kind: str,
+        data: bytes,
+        *,
+        start: tuple[str, float] | None = None,
+    ) -> None:
+        """Event ``kind`` of the run, saved; with ``start`` (its owner and lease), in one
+        transaction with the run's start (its first event)."""
+        journal = self.journal
         async with live.writing:
-            await self.journal.do(self.journal.event, run_id, live.next_event, kind, data)
+            event = (live.next_event, kind, data)
+            if start is None:
+                await journal.do(journal.event, run_id, *event)
+            else:
+                await journal.do(journal.started, run_id, *start, event=event)
             live.next_event += 1
         live.changed.set()
         live.changed = anyio.Event()
@@ -433,19 +447,28 @@ class Runs:
         live: _Live | None = None,
     ) -> None:
         journal = self.journal
-        if not await journal.do(journal.finish, run_id, status, result=result, error=error):
-            return
-        self.outcomes[status] = self.outcomes.get(status, 0) + 1
         end = b'{"status":"%s","result":%s,"error":%s}' % (
             status.encode(),
             result or b"null",
             error_object(error),
         )
-        if live is not None:
-            await self._event(live, run_id, "end", end)
-        else:
+        if live is None:  # (a run not running here: its outcome, then its last event)
+            if not await journal.do(journal.finish, run_id, status, result=result, error=error):
+                return
             last = await journal.do(journal.last_event, run_id)
             await journal.do(journal.event, run_id, last + 1, "end", end)
+        else:  # (its outcome and its last event in one transaction)
+            async with live.writing:
+                event = (live.next_event, "end", end)
+                finish = journal.finish
+                if not await journal.do(
+                    finish, run_id, status, result=result, error=error, event=event
+                ):
+                    return
+                live.next_event += 1
+            live.changed.set()
+            live.changed = anyio.Event()
+        self.outcomes[status] = self.outcomes.get(status, 0) + 1
 
     async def cancel(self, row: RunRow) -> tuple[int, RunRow]:
         """Cancel ``row``: its scope here; in the store when it waits or its owner is
