@@ -17,7 +17,8 @@ Routes (:data:`Frontend.routes`; a known path asked with another method is 405; 
     GET  /debug/requests[/{id}]   recent requests and their stage timelines
     GET  /v1/runs[/{id}[/events]] background runs (``Prefer: respond-async``: :mod:`.runs`;
     DELETE /v1/runs/{id}          the routes: :mod:`.run_routes`)
-    /v1/files, /v1/batches        OpenAI's Batch API for the chat entry (:mod:`.batches`)
+    /v1/files, /v1/batches        OpenAI's Batch API for the chat entry (:mod:`.files`,
+                                  :mod:`.batches`)
 
 Each accepted request runs its script under one cancel scope. That scope ends it when
 the client disconnects, when the request's deadline passes, when its body is too slow,
@@ -55,6 +56,7 @@ from .admission import Admission, Ticket
 from .answers import answer_entry
 from .batches import Batches
 from .chat_answers import answer_chat
+from .files import Files
 from .framing import (
     HttpError,
     Receive,
@@ -146,6 +148,7 @@ class Frontend:
             *(RunRoutes(runs).routes if runs is not None else ()),
         ]
         if runs is not None and self.chat_entry is not None:
+            self.routes += Files(runs.journal, runs.config).routes
             self.routes += Batches(runs, runtime, self.chat_entry, self.models).routes
         self._router = Router(self.routes)
         self._answer_entry: Run = partial(answer_entry, runtime)

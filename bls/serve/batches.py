@@ -1,9 +1,7 @@
-"""The OpenAI Batch API over background runs: ``/v1/files`` and ``/v1/batches``, for the
-chat entry (``@bls.script(openai="chat")``), as the official ``openai`` client calls them.
+"""The OpenAI Batch API over background runs: ``/v1/batches``, for the chat entry
+(``@bls.script(openai="chat")``), as the official ``openai`` client calls it, its files
+kept by the Files API (:mod:`.files`).
 
-- ``POST /v1/files`` (multipart: ``file``, ``purpose``) keeps a file in the runs store
-  (at most ``[runs] max_file_bytes``); ``GET /v1/files``, ``GET /v1/files/ID``, ``GET
-  /v1/files/ID/content`` and ``DELETE /v1/files/ID`` read and remove one.
 - ``POST /v1/batches`` (``input_file_id``, ``endpoint`` = ``/v1/chat/completions``,
   ``completion_window`` = ``24h``, ``metadata``) checks every line of the input file
   (400 naming the line and the field: JSON, a unique ``custom_id``, ``method`` POST, the
@@ -23,13 +21,10 @@ file's order, each ``{"id", "custom_id", "response": {"status_code", "request_id
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl
 
 import anyio
 import anyio.to_thread
@@ -41,8 +36,9 @@ from ..journal import FileRow, RunRow
 from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .chat_answers import completion_body
+from .files import BODY_S
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
-from .intake import Disconnected, _rest_of_body, header, request_id_of, take_body
+from .intake import Disconnected, request_id_of, route_body
 from .routing import Route
 from .runs import Runs
 
@@ -50,8 +46,6 @@ __all__ = ["Batches"]
 
 ENDPOINT = "/v1/chat/completions"
 MAX_LINES = 50_000  # lines of one batch, at most (OpenAI's bound)
-MAX_UPLOADS = 4  # uploads under way at once in a frontend, at most (more: 503)
-_BODY_S = 60.0  # how long an upload's body may take to arrive, at most
 _STATUS = {  # a batch's status, by its run's
     "queued": "validating",
     "running": "in_progress",
@@ -88,7 +82,7 @@ class _Done(msgspec.Struct):
 
 
 class Batches:
-    """The Files and Batch routes (:attr:`routes`) of a frontend's chat entry ``entry``
+    """The Batch API's routes (:attr:`routes`) for a frontend's chat entry ``entry``
     over ``runs``; ``models``: the names the chat route answers to."""
 
     def __init__(self, runs: Runs, runtime: Runtime, entry: Script, models: list[str]) -> None:
@@ -98,88 +92,11 @@ class Batches:
         self.entry = entry
         self.models = models
         self.kind = f"batch:{entry.name}"
-        self._uploading = 0  # uploads under way (each holds up to max_file_bytes)
         runs.jobs["batch"] = self._run
         self.routes = [
-            Route("/v1/files", ["GET", "POST"], self._files),
-            Route("/v1/files/", ["GET", "DELETE"], self._file, prefix=True),
             Route("/v1/batches", ["GET", "POST"], self._batches),
             Route("/v1/batches/", ["GET", "POST"], self._batch, prefix=True),
         ]
-
-    # -- files --------------------------------------------------------------------------
-
-    async def _files(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        rid = request_id_of(scope)
-        journal = self.journal
-        try:
-            if scope["method"] == "GET":
-                wanted = _query(scope).get("purpose")
-                files = await journal.do(journal.files, purpose=wanted, limit=10_000)
-                data = b",".join(_file_body(f) for f in files)
-                await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
-                return
-            if self._uploading >= MAX_UPLOADS:
-                why = f"{MAX_UPLOADS} uploads are under way; try again"
-                raise HttpError(503, "too_many_uploads", why, headers=[(b"retry-after", b"1")])
-            self._uploading += 1
-            try:
-                data, purpose, filename = await self._upload(scope, receive)
-            finally:
-                self._uploading -= 1
-            file = FileRow(
-                id=f"file-{uuid.uuid4().hex}",
-                purpose=purpose,
-                filename=filename,
-                size=len(data),
-                created=time.time(),
-                data=data,
-            )
-            await journal.do(journal.put_file, file)
-        except HttpError as error:
-            await send_error(scope, send, error, rid)
-            return
-        except Disconnected:
-            return
-        await respond(scope, send, 200, _file_body(file), rid)
-
-    async def _upload(self, scope: Scope, receive: Receive) -> tuple[bytes, str, str]:
-        """(bytes, purpose, file name) of an upload (413 past ``max_file_bytes``)."""
-        limit = self.runs.config.max_file_bytes
-        body = await _body(scope, receive, limit + 64 * 1024)
-        kind = header(scope, b"content-type") or b""
-        # (Parsed in a worker thread: a large upload is not the event loop's to parse.)
-        purpose, filename, data = await anyio.to_thread.run_sync(_upload, kind, body)
-        if len(data) > limit:
-            raise HttpError(
-                413,
-                "too_large",
-                f"the file is {len(data)} bytes, over [runs] max_file_bytes ({limit})",
-                path="file",
-            )
-        return data, purpose, filename
-
-    async def _file(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
-        rid = request_id_of(scope)
-        file_id, _, tail = rest.partition("/")
-        journal = self.journal
-        deleting = scope["method"] == "DELETE"
-        if tail not in ("", "content") or (tail and deleting):
-            error = HttpError(404, "not_found", f"no route {scope['method']} {scope['path']}")
-            await send_error(scope, send, error, rid)
-            return
-        file = await journal.do(journal.file, file_id, data=tail == "content")
-        if file is None:
-            await send_error(scope, send, HttpError(404, "not_found", f"no file {file_id!r}"), rid)
-        elif deleting:
-            await journal.do(journal.delete_file, file_id)
-            body = _encode({"id": file_id, "object": "file", "deleted": True})
-            await respond(scope, send, 200, body, rid)
-        elif tail == "content":
-            assert file.data is not None
-            await respond(scope, send, 200, file.data, rid, b"application/octet-stream")
-        else:
-            await respond(scope, send, 200, _file_body(file), rid)
 
     # -- batches ------------------------------------------------------------------------
 
@@ -193,7 +110,7 @@ class Batches:
                 data = b",".join([await self._batch_body(r) for r in mine[:100]])
                 await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
                 return
-            body = await _body(scope, receive, 64 * 1024)
+            body = await route_body(scope, receive, 64 * 1024, BODY_S)
             row = await self._create(body)
         except HttpError as error:
             await send_error(scope, send, error, rid)
@@ -447,58 +364,3 @@ def _lines(data: bytes) -> list[_Line]:
     if not lines:
         raise HttpError(400, "invalid_request", "the input file has no lines")
     return lines
-
-
-def _file_body(file: FileRow) -> bytes:
-    return _encode(
-        {
-            "id": file.id,
-            "object": "file",
-            "bytes": file.size,
-            "created_at": int(file.created),
-            "filename": file.filename,
-            "purpose": file.purpose,
-            "status": "processed",
-        }
-    )
-
-
-async def _body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The request's body: 413 past ``limit`` bytes, 408 past :data:`_BODY_S`."""
-    length = header(scope, b"content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
-    body = take_body(scope)
-    if body is not None:
-        return body
-    with anyio.move_on_after(_BODY_S):
-        return await _rest_of_body(await receive(), receive, limit)
-    raise HttpError(408, "body_timeout", f"the body took more than {_BODY_S:g}s to arrive")
-
-
-def _upload(content_type: bytes, body: bytes) -> tuple[str, str, bytes]:
-    """(purpose, file name, bytes) of a ``multipart/form-data`` upload; 400 naming what
-    is missing."""
-    if not content_type.lower().startswith(b"multipart/form-data"):
-        why = "upload the file as multipart/form-data (fields 'file' and 'purpose')"
-        raise HttpError(400, "invalid_request", why)
-    head = b"Content-Type: " + content_type + b"\r\n\r\n"
-    parsed = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in parsed.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if isinstance(name, str):
-            payload = part.get_payload(decode=True)
-            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
-    if "file" not in fields:
-        raise HttpError(400, "invalid_request", "no 'file' field in the upload", path="file")
-    purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace")
-    if purpose != "batch":
-        why = f"purpose {purpose!r}: files are kept for batches ('batch') only"
-        raise HttpError(400, "invalid_request", why, path="purpose")
-    filename, data = fields["file"]
-    return purpose, filename or "upload.jsonl", data
-
-
-def _query(scope: Scope) -> dict[str, str]:
-    return dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))

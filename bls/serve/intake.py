@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+from urllib.parse import parse_qsl
 
 import anyio
 import msgspec
@@ -32,10 +33,12 @@ __all__ = [
     "Limits",
     "Phase",
     "Request",
+    "query_of",
     "read_body",
     "request_id",
     "request_id_of",
     "request_timeout",
+    "route_body",
     "wait_for_slot",
 ]
 
@@ -262,6 +265,11 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def query_of(scope: Scope) -> dict[str, str]:
+    """The request's query parameters (the last of each name)."""
+    return dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+
+
 class EarlyBody:
     """What of a request's body was read while it waited for a slot (:func:`wait_for_slot`):
     its first pieces, and whether that was all of it."""
@@ -351,6 +359,21 @@ def take_body(scope: Scope) -> bytes | None:
         return None
     body = offered.get(BODY)
     return None if body is None else body["take"]()
+
+
+async def route_body(scope: Scope, receive: Receive, limit: int, timeout: float) -> bytes:
+    """The body of a request a route answers itself (not a script's, which
+    :func:`read_body` reads under its request's scope): 413 past ``limit`` bytes, 408
+    past ``timeout`` s, :class:`Disconnected` when the client leaves first."""
+    length = header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+    body = take_body(scope)
+    if body is not None:
+        return body
+    with anyio.move_on_after(timeout):
+        return await _rest_of_body(await receive(), receive, limit)
+    raise HttpError(408, "body_timeout", f"the body took more than {timeout:g}s to arrive")
 
 
 def _too_large(limit: int) -> HttpError:

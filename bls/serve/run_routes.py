@@ -12,14 +12,12 @@ new ones every ``_POLL_S``; a run of its own wakes it as each is written).
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl
-
 import anyio
 import msgspec
 
 from ..journal import STATUSES, RunRow
 from .framing import SSE, HttpError, Receive, Scope, Send, respond, send_error, start
-from .intake import header, request_id_of
+from .intake import header, query_of, request_id_of
 from .routing import Route
 from .runs import Runs, error_object
 
@@ -44,7 +42,7 @@ class RunRoutes:
         ]
 
     async def _list(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
-        query = _query(scope)
+        query = query_of(scope)
         rid = request_id_of(scope)
         status = query.get("status")
         try:
@@ -163,11 +161,6 @@ def run_body(row: RunRow, *, full: bool = True) -> bytes:
         return body
     result = row.result or b"null"
     return body[:-1] + b',"result":%s,"error":%s}' % (result, error_object(row.error))
-
-
-def _query(scope: Scope) -> dict[str, str]:
-    raw = scope.get("query_string", b"").decode("latin-1")
-    return dict(parse_qsl(raw))
 
 
 def _limit(given: str | None) -> int:

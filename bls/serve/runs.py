@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from ..resume import JournalRecorder, Resume
 from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .framing import HttpError, error_for
+from .run_events import Live, journaled_items, nothing
 
 __all__ = ["Job", "Runs", "error_object", "wants_async"]
 
@@ -51,23 +52,6 @@ _encode = msgspec.json.encode
 
 _CANCEL_WAIT_S = 5.0  # how long DELETE waits for a run of its own to end
 _RUNNING = b'{"status":"running"}'  # a run's first event
-
-
-class _Live:
-    """A run running here: its scope, its recorder, its next event's number, and who
-    waits for its next event."""
-
-    __slots__ = ("changed", "next_event", "recorder", "scope", "writing")
-
-    def __init__(self, scope: RequestScope, recorder: JournalRecorder, next_event: int) -> None:
-        self.scope = scope
-        self.recorder = recorder
-        self.next_event = next_event
-        self.changed = anyio.Event()
-        # One event written at a time, in the order of their numbers: a reader that has
-        # read event N never finds an N-1 written after it (a batch's lines note theirs
-        # side by side; a store's write may wait in a worker thread).
-        self.writing = anyio.Lock()
 
 
 # A job: (its run, its scope, a function that saves an event) -> its result.
@@ -101,7 +85,7 @@ class Runs:
         self.script = str(script.resolve())
         self.config = config
         self.owner = f"{uuid.uuid4().hex[:12]}"
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, Live] = {}
         # The kinds of job a run may be besides an entry's, by the prefix of its entry
         # (``batch:`` for :mod:`.batches`); each registers itself.
         self.jobs: dict[str, Job] = {}
@@ -279,9 +263,9 @@ class Runs:
         if row.deadline is not None:
             scope.expire_at(row.deadline)
         events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
-        live = self.live[row.id] = _Live(scope, recorder, events + 1)
+        live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1)
         try:
-            await self._event(live, row.id, "status", _RUNNING, start=(self.owner, self._lease()))
+            await live.write("status", _RUNNING, start=(self.owner, self._lease()))
             await self._outcome(row, entry, req, live, resume)
         finally:
             del self.live[row.id]
@@ -289,7 +273,7 @@ class Runs:
             self._room.set()
 
     async def _outcome(
-        self, row: RunRow, entry: Script, req: Any, live: _Live, resume: Resume | None
+        self, row: RunRow, entry: Script, req: Any, live: Live, resume: Resume | None
     ) -> None:
         """Run it; its outcome into the journal (none when the frontend stopped it)."""
         result: bytes | None = None
@@ -321,18 +305,14 @@ class Runs:
             scope.expire_at(row.deadline)
         recorder = JournalRecorder(journal, row.id, self.script)  # (only to be stopped)
         events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
-        live = self.live[row.id] = _Live(scope, recorder, events + 1)
-
-        async def note(kind: str, data: bytes) -> None:
-            await self._event(live, row.id, kind, data)
-
+        live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1)
         result: bytes | None = None
         failure: BaseException | None = None
         try:
-            await self._event(live, row.id, "status", _RUNNING, start=(self.owner, self._lease()))
+            await live.write("status", _RUNNING, start=(self.owner, self._lease()))
             try:
                 async with scope:
-                    result = await job(row, scope, note)
+                    result = await job(row, scope, live.write)
             except Exception as exc:
                 failure = exc
             await self._ended(row, live, result, failure)
@@ -344,7 +324,7 @@ class Runs:
     async def _ended(
         self,
         row: RunRow,
-        live: _Live,
+        live: Live,
         result: bytes | None,
         failure: BaseException | None,
         *,
@@ -372,13 +352,13 @@ class Runs:
             await self._finish(row.id, "succeeded", result=result, live=live)
 
     async def _items(
-        self, run_id: str, entry: Script, req: Any, live: _Live, resume: Resume | None
+        self, run_id: str, entry: Script, req: Any, live: Live, resume: Resume | None
     ) -> bytes | None:
         """A streaming entry's run: each item an event as the script yields it; the
         result, every item in a JSON list (None past ``max_result_bytes``: the items are
         in its events alone). A recovered run's items that went out before are checked
         against those it gives again, not sent twice."""
-        before = self._journaled_items(run_id) if resume is not None else _nothing()
+        before = journaled_items(self.journal, run_id) if resume is not None else nothing()
         items: list[bytes] | None = []
         size = 0
         n = 0
@@ -395,7 +375,7 @@ class Runs:
                     items = None  # (the result would be too large to keep: events only)
             sent = await anext(before, None)
             if sent is None:
-                await self._event(live, run_id, "item", data)
+                await live.write("item", data)
             elif data != sent and resume is not None:
                 raise resume.diverge(
                     f"item {n} differs: the journal has {sent[:80]!r}, "
@@ -405,38 +385,6 @@ class Runs:
         await self.runtime.feed(entry, req, sink)
         return None if items is None else b"[" + b",".join(items) + b"]"
 
-    async def _journaled_items(self, run_id: str) -> AsyncIterator[bytes]:
-        """The items a run's events hold, read a page at a time."""
-        journal = self.journal
-        after = 0
-        while page := await journal.do(journal.events, run_id, after):
-            for _, kind, data in page:
-                if kind == "item":
-                    yield data
-            after = page[-1][0]
-
-    async def _event(
-        self,
-        live: _Live,
-        run_id: str,
-        kind: str,
-        data: bytes,
-        *,
-        start: tuple[str, float] | None = None,
-    ) -> None:
-        """Event ``kind`` of the run, saved; with ``start`` (its owner and lease), in one
-        transaction with the run's start (its first event)."""
-        journal = self.journal
-        async with live.writing:
-            event = (live.next_event, kind, data)
-            if start is None:
-                await journal.do(journal.event, run_id, *event)
-            else:
-                await journal.do(journal.started, run_id, *start, event=event)
-            live.next_event += 1
-        live.changed.set()
-        live.changed = anyio.Event()
-
     async def _finish(
         self,
         run_id: str,
@@ -444,7 +392,7 @@ class Runs:
         *,
         result: bytes | None = None,
         error: bytes | None = None,
-        live: _Live | None = None,
+        live: Live | None = None,
     ) -> None:
         journal = self.journal
         end = b'{"status":"%s","result":%s,"error":%s}' % (
@@ -457,17 +405,8 @@ class Runs:
                 return
             last = await journal.do(journal.last_event, run_id)
             await journal.do(journal.event, run_id, last + 1, "end", end)
-        else:  # (its outcome and its last event in one transaction)
-            async with live.writing:
-                event = (live.next_event, "end", end)
-                finish = journal.finish
-                if not await journal.do(
-                    finish, run_id, status, result=result, error=error, event=event
-                ):
-                    return
-                live.next_event += 1
-            live.changed.set()
-            live.changed = anyio.Event()
+        elif not await live.finish(status, result, error, end):  # (in one transaction)
+            return
         self.outcomes[status] = self.outcomes.get(status, 0) + 1
 
     async def cancel(self, row: RunRow) -> tuple[int, RunRow]:
@@ -488,12 +427,6 @@ class Runs:
             return 202, await self.journal.do(self.journal.get, row.id) or row
         current = await self.journal.do(self.journal.get, row.id) or row
         return (200 if current.status in TERMINAL else 202), current
-
-
-async def _nothing() -> AsyncIterator[bytes]:
-    """No items (a run not recovered sent none before)."""
-    return
-    yield
 
 
 def _cancelled(entry: str) -> bytes:

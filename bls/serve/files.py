@@ -1,0 +1,156 @@
+"""OpenAI's Files API, for batches (:mod:`.batches`): ``POST /v1/files`` (multipart:
+``file``, ``purpose=batch``) keeps a file in the runs store, ``GET /v1/files``, ``GET
+/v1/files/ID``, ``GET /v1/files/ID/content`` and ``DELETE /v1/files/ID`` list, read and
+remove one; a batch's output and error files are kept the same way.
+
+Bounds: a file is at most ``[runs] max_file_bytes`` (413), its body arrives within
+:data:`BODY_S` (408), at most :data:`MAX_UPLOADS` uploads are under way at once (more:
+503 with Retry-After), and an upload is parsed in a worker thread, not on the event loop.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import time
+import uuid
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from ..config import RunsConfig
+from ..journal import FileRow, Journal
+from .framing import HttpError, Receive, Scope, Send, respond, send_error
+from .intake import Disconnected, header, query_of, request_id_of, route_body
+from .routing import Route
+
+__all__ = ["BODY_S", "MAX_UPLOADS", "Files", "file_body"]
+
+BODY_S = 60.0  # how long an upload's body (or a batch's request) may take to arrive
+MAX_UPLOADS = 4  # uploads under way at once in a frontend, at most (more: 503)
+_encode = msgspec.json.encode
+
+
+class Files:
+    """The routes (:attr:`routes`) of the Files API over ``journal``."""
+
+    def __init__(self, journal: Journal, config: RunsConfig) -> None:
+        self.journal = journal
+        self.config = config
+        self._uploading = 0  # uploads under way (each holds up to max_file_bytes)
+        self.routes = [
+            Route("/v1/files", ["GET", "POST"], self._files),
+            Route("/v1/files/", ["GET", "DELETE"], self._file, prefix=True),
+        ]
+
+    async def _files(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
+        rid = request_id_of(scope)
+        journal = self.journal
+        try:
+            if scope["method"] == "GET":
+                wanted = query_of(scope).get("purpose")
+                files = await journal.do(journal.files, purpose=wanted, limit=10_000)
+                data = b",".join(file_body(f) for f in files)
+                await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
+                return
+            if self._uploading >= MAX_UPLOADS:
+                why = f"{MAX_UPLOADS} uploads are under way; try again"
+                raise HttpError(503, "too_many_uploads", why, headers=[(b"retry-after", b"1")])
+            self._uploading += 1
+            try:
+                data, purpose, filename = await self._upload(scope, receive)
+            finally:
+                self._uploading -= 1
+            file = FileRow(
+                id=f"file-{uuid.uuid4().hex}",
+                purpose=purpose,
+                filename=filename,
+                size=len(data),
+                created=time.time(),
+                data=data,
+            )
+            await journal.do(journal.put_file, file)
+        except HttpError as error:
+            await send_error(scope, send, error, rid)
+            return
+        except Disconnected:
+            return
+        await respond(scope, send, 200, file_body(file), rid)
+
+    async def _upload(self, scope: Scope, receive: Receive) -> tuple[bytes, str, str]:
+        """(bytes, purpose, file name) of an upload (413 past ``max_file_bytes``)."""
+        limit = self.config.max_file_bytes
+        body = await route_body(scope, receive, limit + 64 * 1024, BODY_S)
+        kind = header(scope, b"content-type") or b""
+        # (Parsed in a worker thread: a large upload is not the event loop's to parse.)
+        purpose, filename, data = await anyio.to_thread.run_sync(_upload, kind, body)
+        if len(data) > limit:
+            raise HttpError(
+                413,
+                "too_large",
+                f"the file is {len(data)} bytes, over [runs] max_file_bytes ({limit})",
+                path="file",
+            )
+        return data, purpose, filename
+
+    async def _file(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
+        rid = request_id_of(scope)
+        file_id, _, tail = rest.partition("/")
+        journal = self.journal
+        deleting = scope["method"] == "DELETE"
+        if tail not in ("", "content") or (tail and deleting):
+            error = HttpError(404, "not_found", f"no route {scope['method']} {scope['path']}")
+            await send_error(scope, send, error, rid)
+            return
+        file = await journal.do(journal.file, file_id, data=tail == "content")
+        if file is None:
+            await send_error(scope, send, HttpError(404, "not_found", f"no file {file_id!r}"), rid)
+        elif deleting:
+            await journal.do(journal.delete_file, file_id)
+            body = _encode({"id": file_id, "object": "file", "deleted": True})
+            await respond(scope, send, 200, body, rid)
+        elif tail == "content":
+            assert file.data is not None
+            await respond(scope, send, 200, file.data, rid, b"application/octet-stream")
+        else:
+            await respond(scope, send, 200, file_body(file), rid)
+
+
+def file_body(file: FileRow) -> bytes:
+    """A file as the Files API gives it."""
+    return _encode(
+        {
+            "id": file.id,
+            "object": "file",
+            "bytes": file.size,
+            "created_at": int(file.created),
+            "filename": file.filename,
+            "purpose": file.purpose,
+            "status": "processed",
+        }
+    )
+
+
+def _upload(content_type: bytes, body: bytes) -> tuple[str, str, bytes]:
+    """(purpose, file name, bytes) of a ``multipart/form-data`` upload; 400 naming what
+    is missing."""
+    if not content_type.lower().startswith(b"multipart/form-data"):
+        why = "upload the file as multipart/form-data (fields 'file' and 'purpose')"
+        raise HttpError(400, "invalid_request", why)
+    head = b"Content-Type: " + content_type + b"\r\n\r\n"
+    parsed = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in parsed.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    if "file" not in fields:
+        raise HttpError(400, "invalid_request", "no 'file' field in the upload", path="file")
+    purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace")
+    if purpose != "batch":
+        why = f"purpose {purpose!r}: files are kept for batches ('batch') only"
+        raise HttpError(400, "invalid_request", why, path="purpose")
+    filename, data = fields["file"]
+    return purpose, filename or "upload.jsonl", data

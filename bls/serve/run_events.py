@@ -1,0 +1,92 @@
+"""A run's events, the log ``GET /v1/runs/ID/events`` follows: written by the frontend
+running the run (:class:`Live`), one at a time and in the order of their numbers, so a
+reader that has read event N never finds an N-1 written after it (a batch's lines note
+theirs side by side; a store's write may wait in a worker thread); read back by anyone
+from the store, a page at a time (:func:`journaled_items`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+
+from ..journal import Journal
+from ..resume import JournalRecorder
+from ..scope import RequestScope
+
+__all__ = ["Live", "journaled_items", "nothing"]
+
+
+class Live:
+    """A run running here: its scope, its recorder, its next event's number, and who
+    waits for its next event (:attr:`changed`, set and replaced at each)."""
+
+    __slots__ = ("changed", "journal", "next_event", "recorder", "run_id", "scope", "writing")
+
+    def __init__(
+        self,
+        journal: Journal,
+        run_id: str,
+        scope: RequestScope,
+        recorder: JournalRecorder,
+        next_event: int,
+    ) -> None:
+        self.journal = journal
+        self.run_id = run_id
+        self.scope = scope
+        self.recorder = recorder
+        self.next_event = next_event
+        self.changed = anyio.Event()
+        self.writing = anyio.Lock()  # (one event written at a time: see the module)
+
+    async def write(
+        self, kind: str, data: bytes, *, start: tuple[str, float] | None = None
+    ) -> None:
+        """Event ``kind``, saved; with ``start`` (the run's owner and lease), in one
+        transaction with the run's start (its first event)."""
+        journal = self.journal
+        async with self.writing:
+            event = (self.next_event, kind, data)
+            if start is None:
+                await journal.do(journal.event, self.run_id, *event)
+            else:
+                await journal.do(journal.started, self.run_id, *start, event=event)
+            self.next_event += 1
+        self._changed()
+
+    async def finish(
+        self, status: str, result: bytes | None, error: bytes | None, end: bytes
+    ) -> bool:
+        """The run's outcome and its last event (``end``), in one transaction; False when
+        it had an outcome already."""
+        journal = self.journal
+        async with self.writing:
+            event = (self.next_event, "end", end)
+            run_id = self.run_id
+            if not await journal.do(
+                journal.finish, run_id, status, result=result, error=error, event=event
+            ):
+                return False
+            self.next_event += 1
+        self._changed()
+        return True
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+async def journaled_items(journal: Journal, run_id: str) -> AsyncIterator[bytes]:
+    """The items a run's events hold, read a page at a time."""
+    after = 0
+    while page := await journal.do(journal.events, run_id, after):
+        for _, kind, data in page:
+            if kind == "item":
+                yield data
+        after = page[-1][0]
+
+
+async def nothing() -> AsyncIterator[bytes]:
+    """No items (a run not recovered sent none before)."""
+    return
+    yield
