@@ -94,6 +94,9 @@ class AdmissionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     tenants: dict[str, Limit] = {}
     tenant: str | None = None  # "FILE:FUNCTION" naming each request's tenant (serve/tenants.py)
     base: str | None = None  # where ``tenant``'s file is resolved from (not a TOML key)
+    # This process's limits are its share of N processes' (bls serve --processes; not a
+    # TOML key): a 429 says so.
+    processes: Annotated[int, msgspec.Meta(ge=1)] = 1
 
 
 class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

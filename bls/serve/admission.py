@@ -62,12 +62,14 @@ class _Bound:
         "max_inflight",
         "name",
         "rate",
+        "share",
         "tokens",
     )
 
-    def __init__(self, name: str, limit: Limit) -> None:
+    def __init__(self, name: str, limit: Limit, share: str = "") -> None:
         self.name = name
         self.limit = limit
+        self.share = share  # what a 429 adds: whose share of the limit this is
         self.max_inflight = limit.max_inflight or math.inf
         self.rate = limit.rate
         self.burst = float(limit.burst or max(1, math.ceil(limit.rate or 1)))
@@ -89,14 +91,16 @@ class _Bound:
     def take(self, what: str) -> None:
         """Count one more request; 429 naming ``what`` when over the limit."""
         if self.held >= self.max_inflight:
-            raise _limited(f"{what} is at its limit of {self.limit.max_inflight} requests", 1)
+            why = f"{what} is at its limit of {self.limit.max_inflight} requests{self.share}"
+            raise _limited(why, 1)
         if self.rate is not None:
             now = time.monotonic()
             self.tokens = min(self.burst, self.tokens + (now - self._refilled) * self.rate)
             self._refilled = now
             if self.tokens < 1:
                 wait = (1 - self.tokens) / self.rate
-                raise _limited(f"{what} is over its rate of {self.rate:g} requests a second", wait)
+                why = f"{what} is over its rate of {self.rate:g} requests a second{self.share}"
+                raise _limited(why, wait)
             self.tokens -= 1
         self.held += 1
 
@@ -163,7 +167,11 @@ class Admission:
         self.reserved = config.reserved
         self.max_queued = config.max_queued
         self.running = 0
-        self._entries = {n: _Bound(n, limit) for n, limit in config.entries.items()}
+        n = config.processes
+        self._share = "" if n == 1 else f" (this process's share: the limit is divided by {n})"
+        self._entries = {
+            name: _Bound(name, limit, self._share) for name, limit in config.entries.items()
+        }
         self._tenant_limits = dict(config.tenants)
         self._tenants: dict[str, _Bound] = {}
         self._forget_at = _FORGET_AT
@@ -279,7 +287,7 @@ class Admission:
                     1,
                 )
             limit = self._tenant_limits.get(name) or self._tenant_limits.get(ANY_TENANT)
-            bound = self._tenants[name] = _Bound(name, limit or Limit())
+            bound = self._tenants[name] = _Bound(name, limit or Limit(), self._share)
         return bound
 
     def _forget(self) -> None:

@@ -68,6 +68,7 @@ def divide_limits(config: Config, share: str, max_inflight: int) -> None:
         return max(least, shares(total, count)[index] or 0)
 
     admission = config.admission
+    admission.processes = count
     admission.max_queued = part(admission.max_queued)
     admission.reserved = min(part(admission.reserved), max_inflight - 1)
     for limits in (admission.entries, admission.tenants):

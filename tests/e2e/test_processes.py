@@ -107,7 +107,10 @@ def test_the_limits_of_bls_toml_hold_across_processes(tmp_path: Path) -> None:
                 answered.add(answer.json()["pid"])
             else:
                 assert answer.status_code == 429
-                assert answer.json()["error"]["type"] == "rate_limited"
+                error = answer.json()["error"]
+                assert error["type"] == "rate_limited"
+                assert "over its rate of 0.005 requests a second" in error["message"]
+                assert "(this process's share: the limit is divided by 2)" in error["message"]
         # A burst of 10 in all (5 each), not 10 in each; the rate refills 0.01 a second.
         assert codes.count(200) == 10 and answered == set(kids)
     finally:
@@ -170,6 +173,7 @@ def test_a_process_share_divides_each_per_process_limit() -> None:
         return config
 
     one, two = share(0), share(1)
+    assert one.admission.processes == two.admission.processes == 2
     assert (one.admission.max_queued, two.admission.max_queued) == (3, 2)
     # (Reserved slots stay fewer than the process's --max-inflight.)
     assert (one.admission.reserved, two.admission.reserved) == (1, 1)
