@@ -12,23 +12,33 @@ import anyio
 
 from ..journal import Journal
 from ..resume import JournalRecorder
-from ..scope import RequestScope
+from ..scope import Reason, RequestScope
 
 __all__ = ["Live", "journaled_items", "nothing"]
 
 
 class Live:
-    """A run running here: its scope, its recorder, its next event's number, and who
-    waits for its next event (:attr:`changed`, set and replaced at each)."""
+    """A run running here: its scope, its recorder (an entry's run has one; a job's
+    journals no stage call), its next event's number, and who waits for its next event
+    (:attr:`changed`, set and replaced at each)."""
 
-    __slots__ = ("changed", "journal", "next_event", "recorder", "run_id", "scope", "writing")
+    __slots__ = (
+        "changed",
+        "journal",
+        "next_event",
+        "recorder",
+        "run_id",
+        "scope",
+        "stopping",
+        "writing",
+    )
 
     def __init__(
         self,
         journal: Journal,
         run_id: str,
         scope: RequestScope,
-        recorder: JournalRecorder,
+        recorder: JournalRecorder | None,
         next_event: int,
     ) -> None:
         self.journal = journal
@@ -38,6 +48,15 @@ class Live:
         self.next_event = next_event
         self.changed = anyio.Event()
         self.writing = anyio.Lock()  # (one event written at a time: see the module)
+        self.stopping = False  # stopped for another frontend to go on with: no outcome
+
+    def stop(self, reason: Reason) -> None:
+        """Stop the run here and leave it to another frontend (``reason``: why): no
+        outcome is written, and its calls in flight stay in flight in the journal."""
+        self.stopping = True
+        if self.recorder is not None:
+            self.recorder.stop()
+        self.scope.cancel(reason)
 
     async def write(
         self, kind: str, data: bytes, *, start: tuple[str, float] | None = None

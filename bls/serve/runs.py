@@ -25,7 +25,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +139,7 @@ class Runs:
                 row = await journal.do(journal.get, run_id)
                 if row is not None and row.owner != self.owner:
                     log.warning("run %s: taken over by another frontend; stopping here", run_id)
-                    live.recorder.stop()
-                    live.scope.cancel(Reason.DRAIN)
+                    live.stop(Reason.DRAIN)
                 else:
                     live.scope.cancel(Reason.CANCELLED)
 
@@ -164,8 +164,7 @@ class Runs:
 
         def stop_rest() -> None:
             for live in self.live.values():
-                live.recorder.stop()
-                live.scope.cancel(Reason.DRAIN)
+                live.stop(Reason.DRAIN)
 
         unfinished = list(self.live)
         done = await self._drain.drain(grace, stop_rest)
@@ -260,13 +259,23 @@ class Runs:
         scope = RequestScope(row.id, priority=row.priority, record=recorder)
         if resume is not None:
             resume.on_diverge = lambda: scope.cancel(Reason.CANCELLED)
+        async with self._running_here(row, scope, recorder) as live:
+            await self._outcome(row, entry, req, live, resume)
+
+    @asynccontextmanager
+    async def _running_here(
+        self, row: RunRow, scope: RequestScope, recorder: JournalRecorder | None
+    ) -> AsyncIterator[Live]:
+        """The run as it runs here, an entry's or a job's: its deadline set, its start
+        and first event written, then (on the way out) its room given back."""
         if row.deadline is not None:
             scope.expire_at(row.deadline)
+        journal = self.journal
         events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
         live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1)
         try:
             await live.write("status", _RUNNING, start=(self.owner, self._lease()))
-            await self._outcome(row, entry, req, live, resume)
+            yield live
         finally:
             del self.live[row.id]
             self._drain.left()
@@ -289,37 +298,26 @@ class Runs:
                     resume.check_all_made()
         except Exception as exc:
             failure = exc
-        diverged = resume is not None and resume.diverged is not None
-        if diverged:
-            assert resume is not None
-            failure = HttpError(500, "recovery_diverged", str(resume.diverged), entry=entry.name)
+        diverged = None
+        if resume is not None and resume.diverged is not None:
+            why = str(resume.diverged)
+            diverged = HttpError(500, "recovery_diverged", why, entry=entry.name)
         await self._ended(row, live, result, failure, diverged=diverged)
 
     async def _run_job(self, row: RunRow, job: Job) -> None:
         """A job's run (a batch): as an entry's, but the job's own code, which notes its
         progress in the run's events (each one saved before it goes on) and, recovered,
         reads them back to go on from there; no stage call of it is journaled."""
-        journal = self.journal
         scope = RequestScope(row.id, priority=row.priority)
-        if row.deadline is not None:
-            scope.expire_at(row.deadline)
-        recorder = JournalRecorder(journal, row.id, self.script)  # (only to be stopped)
-        events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
-        live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1)
         result: bytes | None = None
         failure: BaseException | None = None
-        try:
-            await live.write("status", _RUNNING, start=(self.owner, self._lease()))
+        async with self._running_here(row, scope, None) as live:
             try:
                 async with scope:
                     result = await job(row, scope, live.write)
             except Exception as exc:
                 failure = exc
             await self._ended(row, live, result, failure)
-        finally:
-            del self.live[row.id]
-            self._drain.left()
-            self._room.set()
 
     async def _ended(
         self,
@@ -328,15 +326,15 @@ class Runs:
         result: bytes | None,
         failure: BaseException | None,
         *,
-        diverged: bool = False,
+        diverged: HttpError | None = None,
     ) -> None:
         """The run's outcome into the journal (none when this frontend stopped it); a
-        recovery that ``diverged`` fails with ``failure`` (its scope was cancelled)."""
+        recovery that ``diverged`` fails with that error (its scope was cancelled)."""
         scope = live.scope
-        if live.recorder.stopping:
+        if live.stopping:
             return  # (another frontend goes on with it)
-        if diverged and isinstance(failure, HttpError):
-            await self._finish(row.id, "failed", error=failure.body(), live=live)
+        if diverged is not None:
+            await self._finish(row.id, "failed", error=diverged.body(), live=live)
         elif scope.reason is Reason.CANCELLED:
             await self._finish(row.id, "cancelled", error=_cancelled(row.entry), live=live)
         elif scope.reason is Reason.DEADLINE:
