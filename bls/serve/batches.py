@@ -32,7 +32,7 @@ import msgspec
 
 from ..entry import Script
 from ..errors import InvalidRequest
-from ..journal import FileRow, RunRow
+from ..journal import TERMINAL, FileRow, RunRow
 from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .chat_answers import completion_body
@@ -184,7 +184,7 @@ class Batches:
         elif row.cancel and row.status in ("queued", "running"):
             status = "cancelling"  # (its frontend was asked, and stops it within a lease/5)
         output = error = None
-        if row.status in ("succeeded", "failed", "cancelled"):
+        if row.status in TERMINAL:
             if await journal.do(journal.file, _output_id(row.id)) is not None:
                 output = _output_id(row.id)
             if await journal.do(journal.file, _error_id(row.id)) is not None:
@@ -308,9 +308,9 @@ class Batches:
             (False, _error_id(run_id), "errors"),
         ):
             lines = [bytes(done[i].line) for i in sorted(done) if done[i].ok is ok]
-            data = b"".join(line + b"\n" for line in lines)
             if not lines or await journal.do(journal.file, file_id) is not None:
-                continue
+                continue  # (none; or written before this frontend took the batch over)
+            data = b"".join(line + b"\n" for line in lines)
             if len(data) > limit:
                 raise HttpError(
                     500,

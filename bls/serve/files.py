@@ -58,19 +58,19 @@ class Files:
                 why = f"{MAX_UPLOADS} uploads are under way; try again"
                 raise HttpError(503, "too_many_uploads", why, headers=[(b"retry-after", b"1")])
             self._uploading += 1
-            try:
+            try:  # (the slot held until the bytes are in the store: the bound is on memory)
                 data, purpose, filename = await self._upload(scope, receive)
+                file = FileRow(
+                    id=f"file-{uuid.uuid4().hex}",
+                    purpose=purpose,
+                    filename=filename,
+                    size=len(data),
+                    created=time.time(),
+                    data=data,
+                )
+                await journal.do(journal.put_file, file)
             finally:
                 self._uploading -= 1
-            file = FileRow(
-                id=f"file-{uuid.uuid4().hex}",
-                purpose=purpose,
-                filename=filename,
-                size=len(data),
-                created=time.time(),
-                data=data,
-            )
-            await journal.do(journal.put_file, file)
         except HttpError as error:
             await send_error(scope, send, error, rid)
             return
