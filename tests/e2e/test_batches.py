@@ -20,18 +20,8 @@ import pytest
 
 from bls.stores import open_journal
 
-from .procs import Proc, drain, start, wait_for
-from .test_runs import SCRIPT, calls, lines, worker  # noqa: F401
-
-
-def serve(worker: Proc, store: str, config: Path, *more: str) -> Proc:  # noqa: F811
-    args = ["serve", SCRIPT, "--port", "0", "--runs", store, "--config", str(config)]
-    return start([*args, "--bind", f"slow={worker.address}", *more])
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> str:
-    return f"sqlite://{tmp_path / 'runs.sqlite3'}"
+from .procs import Proc, drain, wait_for
+from .test_runs import calls, lines, serve, store, worker  # noqa: F401
 
 
 @pytest.fixture
@@ -93,7 +83,7 @@ def outputs(server: Proc, file_id: str | None) -> dict[str, dict[str, Any]]:
 
 def test_a_batch_answers_each_line_as_the_chat_route_does(
     worker: Proc,  # noqa: F811
-    store: str,
+    store: str,  # noqa: F811
     config: Path,
 ) -> None:
     server = serve(worker, store, config)
@@ -128,7 +118,7 @@ def test_a_batch_answers_each_line_as_the_chat_route_does(
 
 def test_a_batch_goes_on_after_its_frontend_is_killed_without_redoing_a_line(
     worker: Proc,  # noqa: F811
-    store: str,
+    store: str,  # noqa: F811
     config: Path,
     calls: Path,  # noqa: F811
 ) -> None:
@@ -168,7 +158,7 @@ def test_a_batch_goes_on_after_its_frontend_is_killed_without_redoing_a_line(
 
 def test_a_cancelled_batch_stops_its_calls_and_keeps_what_it_answered(
     worker: Proc,  # noqa: F811
-    store: str,
+    store: str,  # noqa: F811
     config: Path,
     calls: Path,  # noqa: F811
 ) -> None:
@@ -199,7 +189,7 @@ def test_a_cancelled_batch_stops_its_calls_and_keeps_what_it_answered(
 
 def test_bad_uploads_and_batches_are_refused_naming_what_is_wrong(
     worker: Proc,  # noqa: F811
-    store: str,
+    store: str,  # noqa: F811
     config: Path,
 ) -> None:
     server = serve(worker, store, config)
@@ -239,7 +229,7 @@ def test_bad_uploads_and_batches_are_refused_naming_what_is_wrong(
 
 def test_uploads_at_once_are_bounded_and_a_stalled_one_holds_nothing_after(
     worker: Proc,  # noqa: F811
-    store: str,
+    store: str,  # noqa: F811
     config: Path,
 ) -> None:
     """Four uploads whose bodies stall hold the four upload slots; a fifth is told 503

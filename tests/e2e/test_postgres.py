@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import msgspec
 import pytest
 
 # The store's contract, the same tests as on SQLite: pytest runs them here with this
@@ -30,7 +29,16 @@ from bls.stores import PostgresJournal, open_journal
 
 from .postgres import PostgresServer, require_postgres
 from .procs import Proc, drain, wait_for
-from .test_runs import calls, config, ended, lines, serve, submit, worker  # noqa: F401
+from .test_runs import (  # noqa: F401
+    calls,
+    config,
+    ended,
+    finished_calls,
+    lines,
+    serve,
+    submit,
+    worker,
+)
 
 require_postgres()
 
@@ -91,20 +99,6 @@ def test_a_store_is_named_by_its_url_and_survives_a_broken_connection(
     quick.close()
 
 
-def _finished_calls(store: str, run_ids: list[str]) -> set[tuple[int, int]]:
-    """(run, step) of every call the journal has as finished."""
-    journal = open_journal(store)
-    try:
-        return {
-            (request["run"], request["step"])
-            for run_id in run_ids
-            for _, call, done in journal.calls(run_id)
-            if done and (request := msgspec.msgpack.decode(call.request))
-        }
-    finally:
-        journal.close()
-
-
 def test_two_frontends_share_runs_and_one_killed_has_its_runs_finished_by_the_other(
     worker: Proc,  # noqa: F811
     store: str,
@@ -126,7 +120,7 @@ def test_two_frontends_share_runs_and_one_killed_has_its_runs_finished_by_the_ot
         wait_for(lambda: sum(line.startswith("start") for line in lines(calls)) >= 100, timeout=60)
         first.signal(signal.SIGKILL)
         first.wait()
-        finished = _finished_calls(store, list(runs.values()))
+        finished = finished_calls(store, list(runs.values()))
         assert finished and len(finished) < 200  # (killed halfway)
         # A long run, cancelled through the survivor once it runs: its remote call stops.
         slow = submit(second, "steps", {"n": 99, "steps": 1, "extra": {"sleep": 60}})
@@ -153,12 +147,11 @@ def test_two_frontends_share_runs_and_one_killed_has_its_runs_finished_by_the_ot
 def test_a_batch_runs_on_postgresql(worker: Proc, store: str, tmp_path: Path) -> None:  # noqa: F811
     """The Batch API's files (bytes in BYTEA) and a batch's run, on PostgreSQL."""
     from .test_batches import finished, jsonl, outputs
-    from .test_batches import serve as serve_batches
     from .test_batches import submit as submit_batch
 
     settings = tmp_path / "batches.toml"
     settings.write_text("[runs]\nbatch_concurrency = 4\n")
-    server = serve_batches(worker, store, settings)
+    server = serve(worker, store, settings)
     try:
         batch = finished(server, submit_batch(server, jsonl(*(str(n) for n in range(6)))))
         assert batch.status == "completed", batch

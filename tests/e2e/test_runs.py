@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import json
 import signal
-import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,8 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+
+from bls.stores import open_journal
 
 from .procs import Proc, drain, start, wait_for
 
@@ -232,15 +233,18 @@ def test_an_events_client_that_reconnects_misses_no_item_and_sees_none_twice(
         drain([server])
 
 
-def _done_calls(db: Path) -> set[tuple[int, int]]:
-    """(run, step) of every call the journal has as finished."""
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT call FROM calls WHERE done = 1").fetchall()
-    done = set()
-    for (data,) in rows:
-        request = msgspec.msgpack.decode(msgspec.msgpack.decode(data)["request"])
-        done.add((request["run"], request["step"]))
-    return done
+def finished_calls(store: str, run_ids: list[str]) -> set[tuple[int, int]]:
+    """(run, step) of every call the journal of ``store`` has as finished."""
+    journal = open_journal(store)
+    try:
+        return {
+            (request["run"], request["step"])
+            for run_id in run_ids
+            for _, call, done in journal.calls(run_id)
+            if done and (request := msgspec.msgpack.decode(call.request))
+        }
+    finally:
+        journal.close()
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -261,7 +265,7 @@ def test_a_frontend_killed_mid_run_has_its_runs_finished_by_the_next_without_red
         first.wait()
     finally:
         drain([first])
-    finished = _done_calls(Path(store.removeprefix("sqlite://")))
+    finished = finished_calls(store, list(runs.values()))
     assert finished and len(finished) < 200  # (killed halfway)
     second = serve(worker, store, config, "--backend", backend)
     try:
