@@ -232,14 +232,10 @@ class RecordingBinding(Wrapper):
         try:
             result = await self.inner.invoke(req, ctx)
         except BaseException as exc:
-            recorder.ended(call, exc)
-            if recorder.durable:
-                await _saved_ended(recorder, call)
+            await _ended(recorder, call, exc)
             raise
         recorder.item(call, result)
-        recorder.ended(call)
-        if recorder.durable:
-            await _saved_ended(recorder, call)
+        await _ended(recorder, call)
         return result
 
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
@@ -275,24 +271,23 @@ async def _recorded(
             recorder.item(call, item)
             yield item
     except BaseException as exc:
-        recorder.ended(call, exc)
-        if recorder.durable:
-            await _saved_ended(recorder, call)
+        await _ended(recorder, call, exc)
         raise
     finally:
         close = getattr(items, "aclose", None)
         if close is not None:
             await close()
-    recorder.ended(call)
+    await _ended(recorder, call)
+
+
+async def _ended(recorder: Recorder, call: RecordedCall, exc: BaseException | None = None) -> None:
+    """The call's end noted; a durable recorder's, saved before the script goes on, even
+    in a scope that was cancelled meanwhile: a call that ended is never left looking in
+    flight (a store's wait is bounded by its own)."""
+    recorder.ended(call, exc)
     if recorder.durable:
-        await _saved_ended(recorder, call)
-
-
-async def _saved_ended(recorder: Recorder, call: RecordedCall) -> None:
-    """Until a call's end is saved, even in a scope that was cancelled meanwhile: a call
-    that ended is never left looking in flight (a store's wait is bounded by its own)."""
-    with anyio.CancelScope(shield=True):
-        await recorder.saved(call, done=True)
+        with anyio.CancelScope(shield=True):
+            await recorder.saved(call, done=True)
 
 
 async def noted_items(
