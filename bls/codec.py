@@ -44,7 +44,7 @@ class Codec:
 
     def __init__(self, tp: Any = Any, *, inline_max: float = INLINE_MAX) -> None:
         self._inline_max = inline_max  # larger arrays go to side buffers
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self.encode_hook)
         self._decoder = msgspec.msgpack.Decoder(type=tp, ext_hook=self._ext_hook)
         self._out: list[Any] = []
         self._in: Sequence[Any] = ()
@@ -58,7 +58,8 @@ class Codec:
         self._out = []
         return out
 
-    def _enc_hook(self, obj: Any) -> Any:
+    def encode_hook(self, obj: Any) -> Any:
+        """msgspec's ``enc_hook``: an array or tensor as its extension value."""
         mod = type(obj).__module__
         if mod == "numpy" and type(obj).__name__ == "ndarray":
             return self._array(obj, _EXT_NDARRAY)

@@ -21,11 +21,11 @@ never holds up or stops serving:
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import re
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -33,21 +33,26 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from .recording import Record, dump
+from .recording import Record, Recorder, dump_into
 from .segments import FRAME, Segment, whole_frames
 
-__all__ = ["BACKLOG_BYTES", "RecordWriter", "write_segments"]
+__all__ = ["BACKLOG_BYTES", "BATCH", "RecordWriter", "write_segments"]
 
 log = logging.getLogger("bls")
 
 BACKLOG_BYTES = 64 * 1024 * 1024  # records waiting for the writer, at most
-_READ_BYTES = 1 << 20  # what the writer reads of its pipe at once
-_BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
+_READ_BYTES = 1 << 20  # what the writer reads of its pipe at once, at most
+# What the server sends its writer: batches, each this header (how many records, how many
+# bytes), then the records, framed as a segment frames them (bls.segments.FRAME).
+BATCH = struct.Struct("<IQ")
+_GATHER_BYTES = 1 << 20  # this much waiting goes to the writer without gathering more
 _RESTART_S = 1.0  # between a writer's death and its replacement
 # Records wait this long to go to the writer with those that follow: a pipe write and a
 # wake-up a batch, not a record (and the writer writes a batch in one write too).
 _GATHER_S = 0.005
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # what a record's name may not hold (made "_")
+_SAFE = re.compile(r"[A-Za-z0-9._-]{1,128}")  # a name kept as it is
+_NO_FRAME = bytes(FRAME.size)  # a frame's room, filled in once the record's length is known
 
 
 class RecordWriter:
@@ -70,20 +75,29 @@ class RecordWriter:
         finish_s: float = 60.0,
     ) -> None:
         self.script = Path(script)  # the script whose requests are recorded
+        self._script = str(self.script)  # (as a str: a Path is hashed anew each request)
         self.folder = Path(folder)
         _check_writable(self.folder)
         self.backlog_bytes = backlog_bytes
         self.finish_s = finish_s
         self.dropped = 0
         self.lost = 0
-        self._queue: collections.deque[bytes] = collections.deque()
-        self._queued_bytes = 0
+        # Records waiting to be sent, framed one after another, and how many; the
+        # bytes of the batch being sent (they count towards the backlog until sent).
+        self._pending = bytearray()
+        self._pending_count = 0
+        self._sending = 0
         self._wake = anyio.Event()
+        self._idle = False  # the feeding task waits on _wake for a record
         self._closing = False
         self._done = anyio.Event()
         self._writers: list[_Writer] = []  # every writer process started, for the counts
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack = contextlib.AsyncExitStack()
+
+    def recorder(self) -> Recorder:
+        """A new request's recorder, for this writer's script."""
+        return Recorder(self._script)
 
     @property
     def written(self) -> int:
@@ -95,24 +109,36 @@ class RecordWriter:
 
     def write(self, name: str, record: Record) -> None:
         """Queue ``record`` to be written under ``name`` (never waits; drops it when the
-        backlog is full)."""
-        safe = _UNSAFE.sub("_", name)[:128].encode()
-        data = dump(record)
-        frame = FRAME.pack(len(safe), len(data)) + safe + data
-        if self._closing or self._queued_bytes + len(frame) > self.backlog_bytes:
-            self.dropped += 1
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning(
-                    "recording: the writer does not keep up (%d bytes waiting, at most %d); "
-                    "%d record(s) dropped",
-                    self._queued_bytes,
-                    self.backlog_bytes,
-                    self.dropped,
-                )
+        backlog is full). (On every recorded request's path: kept to the least work. The
+        record is encoded straight into the waiting batch, its frame filled in after.)"""
+        # (An id bls made is safe as it is: checking costs less than substituting.)
+        safe = (name if _SAFE.fullmatch(name) else _UNSAFE.sub("_", name)[:128]).encode()
+        pending = self._pending
+        at = len(pending)
+        pending += _NO_FRAME
+        pending += safe
+        dump_into(record, pending)
+        size = len(pending) - at
+        if self._closing or len(pending) + self._sending > self.backlog_bytes:
+            del pending[at:]
+            self._drop()
             return
-        self._queue.append(frame)
-        self._queued_bytes += len(frame)
-        self._wake.set()
+        FRAME.pack_into(pending, at, len(safe), size - FRAME.size - len(safe))
+        self._pending_count += 1
+        if self._idle:  # (the feeding task waits for a record: wake it, once)
+            self._idle = False
+            self._wake.set()
+
+    def _drop(self) -> None:
+        self.dropped += 1
+        if self.dropped == 1 or self.dropped % 1000 == 0:
+            log.warning(
+                "recording: the writer does not keep up (%d bytes waiting, at most %d); "
+                "%d record(s) dropped",
+                len(self._pending) + self._sending,
+                self.backlog_bytes,
+                self.dropped,
+            )
 
     async def __aenter__(self) -> RecordWriter:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -131,11 +157,8 @@ class RecordWriter:
             log.warning("recording: the writer did not finish in %gs; stopping it", self.finish_s)
         self._tg.cancel_scope.cancel()
         await self._stack.aclose()
-        waiting = len(self._queue)
-        if waiting:
-            self.lost += waiting
-            self._queue.clear()
-            self._queued_bytes = 0
+        self.lost += self._pending_count
+        self._pending, self._pending_count = bytearray(), 0
 
     # -- the task that feeds the writer processes ------------------------------------------
 
@@ -169,11 +192,11 @@ class RecordWriter:
             self.lost += writer.unwritten
             raise
         finally:
+            self._sending = 0  # (sent, or lost with the writer)
             with anyio.CancelScope(shield=True):
                 await writer.process.aclose()
         if not finished:
             self.lost += writer.unwritten
-            self._queued_bytes = sum(len(frame) for frame in self._queue)
         return finished
 
     async def _pipe(self, writer: _Writer) -> bool:
@@ -181,18 +204,21 @@ class RecordWriter:
         has written all of it and exited; False if it died first (logged)."""
         try:
             while True:
-                if not self._queue:
+                if not self._pending:
                     if self._closing:
                         break
                     self._wake = anyio.Event()
+                    self._idle = True
                     await self._wake.wait()
                     continue
-                if not self._closing and self._queued_bytes < _BATCH_BYTES // 4:
+                if not self._closing and len(self._pending) < _GATHER_BYTES:
                     await anyio.sleep(_GATHER_S)
-                batch = self._batch()
-                writer.handed += len(batch)
-                await writer.send(batch)
-                self._queued_bytes -= sum(len(frame) for frame in batch)
+                batch, count = self._pending, self._pending_count
+                self._pending, self._pending_count = bytearray(), 0
+                self._sending = len(batch)
+                writer.handed += count
+                await writer.send(batch, count)
+                self._sending = 0
             await writer.finish()
             return True
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
@@ -205,21 +231,10 @@ class RecordWriter:
             )
             return False
 
-    def _batch(self) -> list[bytes]:
-        """Queued records for one write (the first, and more up to the batch's size);
-        they stay counted as waiting until they are sent."""
-        queue = self._queue
-        batch = [queue.popleft()]
-        size = len(batch[0])
-        while queue and size + len(queue[0]) <= _BATCH_BYTES:
-            size += len(queue[0])
-            batch.append(queue.popleft())
-        return batch
-
 
 class _Writer:
     """One writer process: its input (records), and the counts it reports on its output
-    (``WRITTEN FAILED`` after each record)."""
+    (``WRITTEN FAILED`` after each batch)."""
 
     def __init__(self, process: anyio.abc.Process) -> None:
         self.process = process
@@ -242,9 +257,10 @@ class _Writer:
         process = await anyio.open_process(argv, stderr=None, start_new_session=True)
         return cls(process)
 
-    async def send(self, batch: list[bytes]) -> None:
+    async def send(self, batch: bytearray, count: int) -> None:
+        """``count`` records, framed in ``batch``, as one :data:`BATCH`."""
         assert self.process.stdin is not None
-        await self.process.stdin.send(b"".join(batch))
+        await self.process.stdin.send(b"".join((BATCH.pack(count, len(batch)), batch)))
 
     async def finish(self) -> None:
         """Close its input; wait for it to write what it was sent, exit and report."""
@@ -309,29 +325,29 @@ def _check_writable(folder: Path) -> None:
 
 
 def write_segments(folder: str | Path) -> int:
-    """The writer process: each record on stdin (framed as a segment frames it) appended
-    to a segment in ``folder``, until stdin ends; after each read, ``WRITTEN FAILED`` on
-    stdout. Returns how many it wrote. The records of one read are appended in one write;
-    when that fails, one by one, so that one the disk cannot hold fails alone."""
+    """The writer process: each batch of records on stdin (:data:`BATCH`, then the
+    records framed as a segment frames them) appended to a segment in ``folder``, until
+    stdin ends; after each batch, ``WRITTEN FAILED`` on stdout. Returns how many it
+    wrote. A batch is appended in one write, its records never looked at one by one;
+    when that fails, they are, so that one the disk cannot hold fails alone."""
     segment = Segment(Path(folder))
     source = sys.stdin.fileno()
     counts = sys.stdout.buffer
     written = failed = 0
-    pending = b""
     try:
         while True:
-            data = os.read(source, _READ_BYTES)
-            if not data:
-                return written  # (a record cut short by the server stopping is dropped)
-            pending += data
-            frames, pending = whole_frames(pending)
-            if not frames:
-                continue
+            head = _read_exactly(source, BATCH.size)
+            if head is None:
+                return written
+            count, size = BATCH.unpack(head)
+            data = _read_exactly(source, size)
+            if data is None:
+                return written  # (a batch cut short by the server stopping is dropped)
             try:
-                segment.append(b"".join(frames))
-                written += len(frames)
+                segment.append(data)
+                written += count
             except OSError:
-                for frame in frames:
+                for frame in whole_frames(data)[0]:
                     try:
                         segment.append(frame)
                         written += 1
@@ -349,3 +365,15 @@ def write_segments(folder: str | Path) -> int:
                 pass  # the server stopped reading: it counts what it can
     finally:
         segment.close()
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    """``size`` bytes of ``fd``; None when it ends first."""
+    parts = []
+    while size:
+        data = os.read(fd, min(size, _READ_BYTES))
+        if not data:
+            return None
+        parts.append(data)
+        size -= len(data)
+    return b"".join(parts)

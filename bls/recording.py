@@ -41,6 +41,7 @@ __all__ = [
     "Recorder",
     "RecordingBinding",
     "dump",
+    "dump_into",
     "load",
 ]
 
@@ -107,12 +108,19 @@ class RecordError(ValueError):
 
 
 _codec = Codec(inline_max=float("inf"))  # a file holds its arrays inline
+# Encodes as _codec does, without its side-buffer list: with every array inline there is
+# none (a value is encoded on the request's path, several times a call).
+_value_encoder = msgspec.msgpack.Encoder(enc_hook=_codec.encode_hook)
 _record_encoder = msgspec.msgpack.Encoder()
 _record_decoder = msgspec.msgpack.Decoder(Record)
 
 
+_encode = _value_encoder.encode
+_clock = time.monotonic
+
+
 def encode_value(value: Any) -> bytes:
-    return bytes(_codec.encode(value)[0])
+    return _encode(value)
 
 
 def decode_value(data: bytes, codec: Codec = _codec) -> Any:
@@ -131,32 +139,31 @@ def _error(stage: str, exc: BaseException) -> RecordedError:
 
 
 class Recorder:
-    """The record of one request, filled in as it runs."""
+    """The record of one request, filled in as it runs. (Its methods run on every
+    recorded request's path, several times a call: each does the least it can.)"""
 
     __slots__ = ("_t0", "record", "resume")
 
     def __init__(self, script: str | Path) -> None:
         name, path = _where(script)
         self.record = Record(bls=__version__, script=name, path=path, entry="", started=time.time())
-        self._t0 = time.monotonic()
+        self._t0 = _clock()
         # A recovered background run's journal, which answers the calls it finished
         # before (a bls.resume.Resume; RecordingBinding asks it first); None: all live.
         self.resume: Any = None
-
-    def _now(self) -> float:
-        return time.monotonic() - self._t0
 
     # the entry
 
     def entry(self, name: str, req: Any) -> None:
         """The request begins: times are counted from here."""
-        self._t0 = time.monotonic()
-        self.record.entry = name
-        self.record.request = encode_value(req)
+        self._t0 = _clock()
+        record = self.record
+        record.entry = name
+        record.request = _encode(req)
 
     def answer(self, value: Any) -> None:
         """The entry's result, or one item of a streaming entry."""
-        self.record.items.append(encode_value(value))
+        self.record.items.append(_encode(value))
 
     def entry_failed(self, exc: BaseException) -> None:
         self.record.error = _error(self.record.entry, exc)
@@ -177,22 +184,23 @@ class Recorder:
         return RecordedCall(
             stage=stage,
             streaming=streaming,
-            request=encode_value(req),
-            start=self._now(),
+            request=_encode(req),
+            start=_clock() - self._t0,
             result_type=ref_of(result_type),
         )
 
     def item(self, call: RecordedCall, value: Any) -> None:
-        call.items.append(encode_value(value))
+        call.items.append(_encode(value))
 
     def ended(self, call: RecordedCall, exc: BaseException | None = None) -> None:
-        call.end = self._now()
+        call.end = _clock() - self._t0
         if exc is not None:
             call.error = _error(call.stage, exc)
 
     def finish(self) -> Record:
-        self.record.duration = self._now()
-        return self.record
+        record = self.record
+        record.duration = _clock() - self._t0
+        return record
 
     # A durable recorder (a background run's journal) saves each call as it starts and
     # as it ends before the script goes on: the binding awaits :meth:`saved` then.
@@ -232,10 +240,14 @@ class RecordingBinding(Wrapper):
         try:
             result = await self.inner.invoke(req, ctx)
         except BaseException as exc:
-            await _ended(recorder, call, exc)
+            recorder.ended(call, exc)
+            if recorder.durable:
+                await _saved_end(recorder, call)
             raise
         recorder.item(call, result)
-        await _ended(recorder, call)
+        recorder.ended(call)
+        if recorder.durable:
+            await _saved_end(recorder, call)
         return result
 
     async def call(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
@@ -271,23 +283,26 @@ async def _recorded(
             recorder.item(call, item)
             yield item
     except BaseException as exc:
-        await _ended(recorder, call, exc)
+        recorder.ended(call, exc)
+        if recorder.durable:
+            await _saved_end(recorder, call)
         raise
     finally:
         close = getattr(items, "aclose", None)
         if close is not None:
             await close()
-    await _ended(recorder, call)
-
-
-async def _ended(recorder: Recorder, call: RecordedCall, exc: BaseException | None = None) -> None:
-    """The call's end noted; a durable recorder's, saved before the script goes on, even
-    in a scope that was cancelled meanwhile: a call that ended is never left looking in
-    flight (a store's wait is bounded by its own)."""
-    recorder.ended(call, exc)
+    recorder.ended(call)
     if recorder.durable:
-        with anyio.CancelScope(shield=True):
-            await recorder.saved(call, done=True)
+        await _saved_end(recorder, call)
+
+
+async def _saved_end(recorder: Recorder, call: RecordedCall) -> None:
+    """A durable recorder's call, saved as ended before the script goes on, even in a
+    scope that was cancelled meanwhile: a call that ended is never left looking in flight
+    (a store's wait is bounded by its own). (Awaited only when the recorder is durable:
+    a coroutine made and awaited for nothing costs every recorded call.)"""
+    with anyio.CancelScope(shield=True):
+        await recorder.saved(call, done=True)
 
 
 async def noted_items(
@@ -308,6 +323,11 @@ async def noted_items(
 
 def dump(record: Record) -> bytes:
     return _record_encoder.encode(record)
+
+
+def dump_into(record: Record, buffer: bytearray) -> None:
+    """:func:`dump`, appended to ``buffer``."""
+    _record_encoder.encode_into(record, buffer, -1)
 
 
 def load(data: bytes, source: str = "the record") -> Record:

@@ -48,7 +48,6 @@ from ..journal import JournalError
 from ..lifecycle import Drain
 from ..loop import backend
 from ..record_writer import RecordWriter
-from ..recording import Recorder
 from ..runtime import Runtime
 from ..scope import Reason
 from ..tracing import Trace, TraceStore, outcome_of
@@ -310,7 +309,7 @@ class Frontend:
         if clocks is None:  # the first request: the loop it runs on serves them all
             clocks = self._clocks = Clocks(backend(), self.limits)
         root = trace.open(entry.name, 0, "script", entry.streaming)
-        recorder = Recorder(self.records.script) if self.records is not None else None
+        recorder = self.records.recorder() if self.records is not None else None
         request = Request(
             request_id=rid,
             entry=entry.name,
