@@ -4,21 +4,22 @@ cache, affinity by prompt prefix against least-outstanding, and one replica alon
 turn finds its conversation's prefix: the hit rate to reach).
 
     python bench/prefix_routing.py [--rounds 3] [--conversations 16] [--turns 6]
-                                   [--cache-blocks 20000,192]
+                                   [--cache-blocks 20000,192] [--tpot-ms 1]
 
 Each conversation is a system prompt and a first question, then turns that each send
 the whole conversation so far; its turns go to the two frontends in turn (as a
 round-robin load balancer sends them), the conversations side by side. The replicas
 (`bls worker bls.models.fakellm:FakeLLM`) take ``prefill_ms`` per prompt token their
-cache does not hold before the first token. The whole run is made once per cache size
-(``--cache-blocks``: blocks of 16 tokens a replica keeps; the one replica of the first
-mode keeps twice as many, the memory of the two): a roomy one, where every replica holds
-every conversation it saw, and a full one (192 blocks), where each replica holds the
-blocks of half the conversations by their last turn but not those of all of them, as a
-real engine's KV cache is full under load. Each mode starts fresh workers and
-frontends; the modes take turns for ``--rounds`` rounds. Prints the prefix-cache hit rate
-(cached / prompt tokens, over every turn after a conversation's first) and time to first
-token, median [min-max] over rounds, and the ratios the targets are stated in.
+cache does not hold before the first token, then ``--tpot-ms`` between tokens. The
+whole run is made once per cache size (``--cache-blocks``: blocks of 16 tokens a replica
+keeps; the one replica of the first mode keeps twice as many, the memory of the two): a
+roomy one, where every replica holds every conversation it saw, and a full one (192
+blocks), where each replica holds the blocks of half the conversations by their last
+turn but not those of all of them, as a real engine's KV cache is full under load. Each
+mode starts fresh workers and frontends; the modes take turns for ``--rounds`` rounds.
+Prints the prefix-cache hit rate (cached / prompt tokens, over every turn after a
+conversation's first) and time to first token, median [min-max] over rounds, and the
+ratios the targets are stated in.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ from _procs import BLS, spawn, spread, stop_all
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "bench/serving/turns.py")
 FAKE = [
-    "--option", "ttft_ms=2", "--option", "tpot_ms=1", "--option", "prefill_ms=0.5",
-    "--option", "block_tokens=16",
+    "--option", "ttft_ms=2", "--option", "prefill_ms=0.5", "--option", "block_tokens=16",
 ]  # fmt: skip
 MODES = {  # name: (replicas, affinity)
     "one replica": (1, False),
@@ -102,9 +102,12 @@ async def workload(
     return results
 
 
-def run_mode(name: str, conversations: int, turns: int, blocks: int) -> dict[str, float]:
+def run_mode(
+    name: str, conversations: int, turns: int, blocks: int, tpot_ms: float
+) -> dict[str, float]:
     replicas, affinity = MODES[name]
     cache = ["--option", f"prefix_cache={blocks * 2 // replicas}"]  # (the same memory in all)
+    cache += ["--option", f"tpot_ms={tpot_ms}"]
     procs = []
     try:
         addresses = []
@@ -145,13 +148,17 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=16)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--cache-blocks", default="20000,192", help="per replica, comma-separated")
+    ap.add_argument(
+        "--tpot-ms", type=float, default=1, help="between an answer's tokens (default: 1)"
+    )
     opts = ap.parse_args()
     for blocks in (int(b) for b in opts.cache_blocks.split(",")):
         seen: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}
         names = list(MODES)
         for r in range(opts.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                seen[name].append(run_mode(name, opts.conversations, opts.turns, blocks))
+                got = run_mode(name, opts.conversations, opts.turns, blocks, opts.tpot_ms)
+                seen[name].append(got)
         report(seen, opts, blocks)
 
 
