@@ -152,14 +152,22 @@ class Journal:
         return None if found is None else _row(found)
 
     def runs(
-        self, *, status: str | None = None, before: str | None = None, limit: int = 50
+        self,
+        *,
+        status: str | None = None,
+        entry: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
     ) -> list[RunRow]:
         """Runs newest first (``before``: those created before that run), ``limit`` at
-        most, of ``status`` only when given."""
+        most, of ``status`` and of ``entry`` (a batch's run: its kind) only when given."""
         where, args = [], []
         if status is not None:
             where.append("status = ?")
             args.append(status)
+        if entry is not None:
+            where.append("entry = ?")
+            args.append(entry)
         if before is not None:
             where.append("(created, id) < (SELECT created, id FROM runs WHERE id = ?)")
             args.append(before)

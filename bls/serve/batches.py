@@ -38,8 +38,9 @@ from ..scope import Reason, RequestScope
 from .chat_answers import completion_body
 from .files import BODY_S
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
-from .intake import Disconnected, request_id_of, route_body
+from .intake import Disconnected, query_of, request_id_of, route_body
 from .routing import Route
+from .run_routes import list_limit
 from .runs import Runs
 
 __all__ = ["Batches"]
@@ -102,13 +103,9 @@ class Batches:
 
     async def _batches(self, scope: Scope, receive: Receive, send: Send, _: str) -> None:
         rid = request_id_of(scope)
-        journal = self.journal
         try:
             if scope["method"] == "GET":
-                rows = await journal.do(journal.runs, limit=1000)
-                mine = [r for r in rows if r.entry == self.kind]
-                data = b",".join([await self._batch_body(r) for r in mine[:100]])
-                await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
+                await respond(scope, send, 200, await self._list(query_of(scope)), rid)
                 return
             body = await route_body(scope, receive, 64 * 1024, BODY_S)
             row = await self._create(body)
@@ -118,6 +115,24 @@ class Batches:
         except Disconnected:
             return
         await respond(scope, send, 200, await self._batch_body(row), rid)
+
+    async def _list(self, query: dict[str, str]) -> bytes:
+        """``GET /v1/batches``: newest first, ``limit`` of them (1 to 100, 20 when not
+        given) after batch ``after``, paged as OpenAI's list pages them."""
+        limit = list_limit(query.get("limit"), 20, 100)
+        journal = self.journal
+        rows = await journal.do(
+            journal.runs, entry=self.kind, before=query.get("after"), limit=limit + 1
+        )
+        more, rows = len(rows) > limit, rows[:limit]
+        page = {
+            "object": "list",
+            "data": [msgspec.Raw(await self._batch_body(r)) for r in rows],
+            "first_id": rows[0].id if rows else None,
+            "last_id": rows[-1].id if rows else None,
+            "has_more": more,
+        }
+        return _encode(page)
 
     async def _create(self, body: bytes) -> RunRow:
         try:

@@ -53,7 +53,7 @@ class RunRoutes:
                     f"status must be one of {', '.join(STATUSES)}",
                     path="status",
                 )
-            limit = _limit(query.get("limit"))
+            limit = list_limit(query.get("limit"), 50, _MAX_LIST)
         except HttpError as error:
             await send_error(scope, send, error, rid)
             return
@@ -163,13 +163,15 @@ def run_body(row: RunRow, *, full: bool = True) -> bytes:
     return body[:-1] + b',"result":%s,"error":%s}' % (result, error_object(row.error))
 
 
-def _limit(given: str | None) -> int:
+def list_limit(given: str | None, default: int, most: int) -> int:
+    """A list route's ``limit`` query parameter (``default`` when not given);
+    HttpError 400 naming it when it is not a number from 1 to ``most``."""
     if given is None:
-        return 50
+        return default
     try:
         limit = int(given)
     except ValueError:
         limit = 0
-    if not 1 <= limit <= _MAX_LIST:
-        raise HttpError(400, "invalid_query", f"limit must be 1 to {_MAX_LIST}", path="limit")
+    if not 1 <= limit <= most:
+        raise HttpError(400, "invalid_query", f"limit must be 1 to {most}", path="limit")
     return limit

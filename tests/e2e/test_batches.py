@@ -21,7 +21,8 @@ import pytest
 from bls.stores import open_journal
 
 from .procs import Proc, drain, wait_for
-from .test_runs import calls, lines, serve, store, worker  # noqa: F401
+from .test_runs import calls, ended, lines, serve, store, worker  # noqa: F401
+from .test_runs import submit as submit_run
 
 
 @pytest.fixture
@@ -112,6 +113,30 @@ def test_a_batch_answers_each_line_as_the_chat_route_does(
         assert client(server).files.delete(batch.error_file_id).deleted
         with pytest.raises(openai.NotFoundError):
             client(server).files.retrieve(batch.error_file_id)
+    finally:
+        drain([server])
+
+
+def test_batches_are_listed_newest_first_in_the_pages_the_client_follows(
+    worker: Proc,  # noqa: F811
+    store: str,  # noqa: F811
+    config: Path,
+) -> None:
+    server = serve(worker, store, config)
+    try:
+        made = [submit(server, jsonl(str(n))) for n in range(3)]
+        run = submit_run(server, "steps", {"n": 1, "steps": 1})  # a run, not a batch
+        for batch_id in made:
+            assert finished(server, batch_id).status == "completed"
+        ended(server, run["id"])
+        api = client(server)
+        page = api.batches.list(limit=2)
+        assert [b.id for b in page.data] == made[::-1][:2] and page.has_more
+        # The client follows the pages (after= the last id) to the end.
+        assert [b.id for b in api.batches.list(limit=2)] == made[::-1]
+        assert [b.id for b in api.batches.list(after=made[1]).data] == [made[0]]
+        with pytest.raises(openai.BadRequestError, match="limit must be 1 to 100"):
+            api.batches.list(limit=101)
     finally:
         drain([server])
 
