@@ -347,32 +347,35 @@ class Journal:
 
     def file(self, file_id: str, *, data: bool = False) -> FileRow | None:
         """The file ``file_id`` (its bytes too when ``data``); None: no such file."""
-        what = "id, purpose, filename, size, created" + (", data" if data else "")
+        what = _FILE_COLUMNS + (", data" if data else "")
         found = self._execute(f"SELECT {what} FROM files WHERE id = ?", (file_id,)).fetchone()
-        if found is None:
-            return None
-        row = FileRow(
-            id=found[0], purpose=found[1], filename=found[2], size=found[3], created=found[4]
-        )
-        if data:
-            row.data = bytes(found[5])
-        return row
+        return None if found is None else _file_row(found)
 
     def files(self, *, purpose: str | None = None, limit: int = 100) -> list[FileRow]:
         """Files newest first, ``limit`` at most, of ``purpose`` only when given."""
-        sql = "SELECT id, purpose, filename, size, created FROM files"
+        sql = f"SELECT {_FILE_COLUMNS} FROM files"
         args: list[Any] = []
         if purpose is not None:
             sql += " WHERE purpose = ?"
             args.append(purpose)
         rows = self._execute(f"{sql} ORDER BY created DESC, id DESC LIMIT ?", (*args, limit))
-        return [
-            FileRow(id=r[0], purpose=r[1], filename=r[2], size=r[3], created=r[4])
-            for r in rows.fetchall()
-        ]
+        return [_file_row(r) for r in rows.fetchall()]
 
     def delete_file(self, file_id: str) -> bool:
         return bool(self._execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 1)
+
+
+_FILE_COLUMNS = "id, purpose, filename, size, created"  # a FileRow's, but its data
+
+
+def _file_row(values: Sequence[Any]) -> FileRow:
+    """A FileRow from its columns (:data:`_FILE_COLUMNS`, then its data when read)."""
+    row = FileRow(
+        id=values[0], purpose=values[1], filename=values[2], size=values[3], created=values[4]
+    )
+    if len(values) > 5:
+        row.data = bytes(values[5])
+    return row
 
 
 def _row(values: Sequence[object]) -> RunRow:

@@ -40,6 +40,7 @@ from .files import BODY_S
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
 from .intake import Disconnected, query_of, request_id_of, route_body
 from .routing import Route
+from .run_events import journaled
 from .run_routes import list_limit
 from .runs import Runs
 
@@ -249,13 +250,9 @@ class Batches:
         assert file.data is not None
         lines = await anyio.to_thread.run_sync(_lines, file.data)
         done: dict[int, _Done] = {}
-        after = 0
-        while page := await journal.do(journal.events, row.id, after):
-            for seq, kind, data in page:
-                if kind == "line":
-                    ended = msgspec.json.decode(data, type=_Done)
-                    done[ended.index] = ended
-                after = seq
+        async for data in journaled(journal, row.id, "line"):
+            ended = msgspec.json.decode(data, type=_Done)
+            done[ended.index] = ended
         if not done:
             await note("lines", b"%d" % len(lines))
         counts = [sum(d.ok for d in done.values()), sum(not d.ok for d in done.values())]

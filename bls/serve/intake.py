@@ -367,7 +367,7 @@ async def route_body(scope: Scope, receive: Receive, limit: int, timeout: float)
     past ``timeout`` s, :class:`Disconnected` when the client leaves first."""
     length = header(scope, b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise HttpError(413, "too_large", f"the body is over the {limit}-byte limit")
+        raise _too_large(limit)
     body = take_body(scope)
     if body is not None:
         return body

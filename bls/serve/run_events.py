@@ -2,7 +2,7 @@
 running the run (:class:`Live`), one at a time and in the order of their numbers, so a
 reader that has read event N never finds an N-1 written after it (a batch's lines note
 theirs side by side; a store's write may wait in a worker thread); read back by anyone
-from the store, a page at a time (:func:`journaled_items`)."""
+from the store, a page at a time (:func:`journaled`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..journal import Journal
 from ..resume import JournalRecorder
 from ..scope import Reason, RequestScope
 
-__all__ = ["Live", "journaled_items", "nothing"]
+__all__ = ["Live", "journaled", "nothing"]
 
 
 class Live:
@@ -95,12 +95,13 @@ class Live:
         self.changed = anyio.Event()
 
 
-async def journaled_items(journal: Journal, run_id: str) -> AsyncIterator[bytes]:
-    """The items a run's events hold, read a page at a time."""
+async def journaled(journal: Journal, run_id: str, wanted: str) -> AsyncIterator[bytes]:
+    """The data of a run's events of kind ``wanted`` (a streaming entry's ``item``s, a
+    batch's ``line``s), in order, read a page at a time."""
     after = 0
     while page := await journal.do(journal.events, run_id, after):
         for _, kind, data in page:
-            if kind == "item":
+            if kind == wanted:
                 yield data
         after = page[-1][0]
 

@@ -44,7 +44,7 @@ from ..resume import JournalRecorder, Resume
 from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .framing import HttpError, error_for
-from .run_events import Live, journaled_items, nothing
+from .run_events import Live, journaled, nothing
 
 __all__ = ["Job", "Runs", "error_object", "wants_async"]
 
@@ -356,7 +356,7 @@ class Runs:
         result, every item in a JSON list (None past ``max_result_bytes``: the items are
         in its events alone). A recovered run's items that went out before are checked
         against those it gives again, not sent twice."""
-        before = journaled_items(self.journal, run_id) if resume is not None else nothing()
+        before = journaled(self.journal, run_id, "item") if resume is not None else nothing()
         items: list[bytes] | None = []
         size = 0
         n = 0
