@@ -45,7 +45,8 @@ _READ_BYTES = 1 << 20  # what the writer reads of its pipe at once, at most
 # What the server sends its writer: batches, each this header (how many records, how many
 # bytes), then the records, framed as a segment frames them (bls.segments.FRAME).
 BATCH = struct.Struct("<IQ")
-_GATHER_BYTES = 1 << 20  # this much waiting goes to the writer without gathering more
+_BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
+_GATHER_BYTES = _BATCH_BYTES // 4  # this much waiting goes without gathering more
 _RESTART_S = 1.0  # between a writer's death and its replacement
 # Records wait this long to go to the writer with those that follow: a pipe write and a
 # wake-up a batch, not a record (and the writer writes a batch in one write too).
@@ -213,8 +214,7 @@ class RecordWriter:
                     continue
                 if not self._closing and len(self._pending) < _GATHER_BYTES:
                     await anyio.sleep(_GATHER_S)
-                batch, count = self._pending, self._pending_count
-                self._pending, self._pending_count = bytearray(), 0
+                batch, count = self._batch()
                 self._sending = len(batch)
                 writer.handed += count
                 await writer.send(batch, count)
@@ -230,6 +230,26 @@ class RecordWriter:
                 writer.unwritten,
             )
             return False
+
+    def _batch(self) -> tuple[bytearray, int]:
+        """What is waiting, for one write, and how many records it holds: all of it, or
+        (after a stall let more gather) the first whole records up to the batch's size,
+        so that a write, and what the writer holds, stays within it."""
+        pending, count = self._pending, self._pending_count
+        if len(pending) <= _BATCH_BYTES:
+            self._pending, self._pending_count = bytearray(), 0
+            return pending, count
+        cut = taken = 0
+        while cut < len(pending):
+            name_len, data_len = FRAME.unpack_from(pending, cut)
+            end = cut + FRAME.size + name_len + data_len
+            if taken and end > _BATCH_BYTES:
+                break
+            cut, taken = end, taken + 1
+        batch = pending[:cut]
+        del pending[:cut]
+        self._pending_count -= taken
+        return batch, taken
 
 
 class _Writer:

@@ -1,5 +1,6 @@
 """Segment files (bls.segments): records appended whole, segments rotated, a record cut
-short at the end skipped, a request's record found by its id."""
+short at the end skipped, a request's record found by its id; records that gathered
+while the writer was held up sent to it in bounded batches (bls.record_writer)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bls import record_writer
+from bls.record_writer import RecordWriter
 from bls.recording import Record, RecordError, dump
 from bls.segments import FRAME, MAGIC, Segment, find, records_in
 
@@ -20,6 +23,11 @@ def record(entry: str) -> Record:
     return Record(bls="0", script="s.py", entry=entry, started=0.0)
 
 
+def names_in(folder: Path) -> list[str]:
+    """The request ids of the records in ``folder``'s segments, in the order written."""
+    return [name for f in sorted(folder.glob("*.blsseg")) for name, _ in records_in(f)]
+
+
 def test_records_are_appended_to_segments_that_rotate_and_found_by_id(tmp_path: Path) -> None:
     segment = Segment(tmp_path, segment_bytes=200)
     for n in range(6):
@@ -28,8 +36,7 @@ def test_records_are_appended_to_segments_that_rotate_and_found_by_id(tmp_path: 
     segment.close()
     files = sorted(tmp_path.glob("*.blsseg"))
     assert len(files) > 1 and all(f.read_bytes().startswith(MAGIC) for f in files)
-    names = [name for f in files for name, _ in records_in(f)]
-    assert names == ["r0", "r1", "r2", "r3", "r4", "r5", "r1"]
+    assert names_in(tmp_path) == ["r0", "r1", "r2", "r3", "r4", "r5", "r1"]
     assert find(tmp_path, "r3").entry == "e3"
     assert find(tmp_path, "r1").entry == "again"
     with pytest.raises(RecordError, match="holds no record of request 'x' \\(7 others\\)"):
@@ -58,3 +65,28 @@ def test_what_is_not_a_segment_says_so(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(RecordError, match="holds no record segments"):
         find(empty, "r")
+
+
+@pytest.mark.anyio
+async def test_records_gathered_past_a_batch_go_in_bounded_batches_all_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[int, int]] = []  # (bytes, records) of each batch the writer got
+    send = record_writer._Writer.send
+
+    async def counted(self: record_writer._Writer, batch: bytearray, count: int) -> None:
+        sent.append((len(batch), count))
+        await send(self, batch, count)
+
+    monkeypatch.setattr(record_writer._Writer, "send", counted)
+    writer = RecordWriter(tmp_path, "s.py")
+    for n in range(100):  # about 10 MB waiting before the writer starts: a stall's worth
+        big = record(f"e{n}")
+        big.request = bytes(100_000)
+        writer.write(f"r{n}", big)
+    async with writer:
+        pass
+    assert writer.written == 100 and writer.lost == writer.dropped == 0
+    assert len(sent) >= 3 and sum(count for _, count in sent) == 100
+    assert all(size <= record_writer._BATCH_BYTES for size, _ in sent)
+    assert names_in(tmp_path) == [f"r{n}" for n in range(100)]
