@@ -3,12 +3,13 @@
 A script declared with ``@bls.script(openai="chat")`` takes a :class:`bls.ChatRequest`
 (or a subclass) and returns or yields its answer. Each item may be a string (a text
 delta) or a message with ``text`` and, when the engine knows them, ``token_ids`` (the
-delta's tokens), ``prompt_tokens``, ``finish_reason`` and ``logprobs`` —
-:class:`bls.models.vllm.GenerateItem` is one. From those, ``bls serve`` answers ``POST
+delta's tokens), ``prompt_tokens``, ``cached_tokens``, ``finish_reason`` and ``logprobs``
+— :class:`bls.models.vllm.GenerateItem` is one. From those, ``bls serve`` answers ``POST
 /v1/chat/completions`` as `vllm serve` does (:mod:`.chat_answers` runs it): ``usage``
-with the engine's token counts, ``finish_reason``, ``logprobs``, a choice per run of the
-script for ``n`` > 1, ``tool_calls`` for a forced ``tool_choice``, and, when
-``stream_options.include_usage`` is set, a last chunk carrying ``usage``.
+with the engine's token counts (and ``prompt_tokens_details.cached_tokens``, the prompt
+tokens its prefix cache held, where the engine says), ``finish_reason``, ``logprobs``, a
+choice per run of the script for ``n`` > 1, ``tool_calls`` for a forced ``tool_choice``,
+and, when ``stream_options.include_usage`` is set, a last chunk carrying ``usage``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..tools import call_entry
 
 __all__ = [
     "ChatChunks",
+    "PromptDetails",
     "Transcript",
     "Usage",
     "completion",
@@ -57,10 +59,15 @@ def completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-class Usage(msgspec.Struct):
+class PromptDetails(msgspec.Struct):
+    cached_tokens: int
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptDetails | None = None  # where the engine said
 
 
 class Transcript:
@@ -68,6 +75,7 @@ class Transcript:
     the engine's token counts, finish reason and logprobs where the items carry them."""
 
     __slots__ = (
+        "cached_tokens",
         "completion_tokens",
         "counted",
         "finish_reason",
@@ -78,6 +86,7 @@ class Transcript:
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
+        self.cached_tokens: int | None = None  # the prompt's tokens the engine had cached
         self.completion_tokens = 0
         self.counted = False  # some item carried token ids
         self.finish_reason: str | None = None
@@ -105,6 +114,9 @@ class Transcript:
         prompt = getattr(item, "prompt_tokens", None)
         if prompt:
             self.prompt_tokens = prompt
+        cached = getattr(item, "cached_tokens", None)
+        if cached is not None:
+            self.cached_tokens = cached
         finish = getattr(item, "finish_reason", None)
         if finish is not None:
             self.finish_reason = finish
@@ -120,10 +132,12 @@ class Transcript:
         """Token counts, when the items carried them (plain strings do not)."""
         if not self.counted:
             return None
+        cached = self.cached_tokens
         return Usage(
             self.prompt_tokens,
             self.completion_tokens,
             self.prompt_tokens + self.completion_tokens,
+            None if cached is None else PromptDetails(cached),
         )
 
 
@@ -135,18 +149,26 @@ def total_usage(transcripts: list[Transcript]) -> Usage | None:
         return None
     prompt = usages[0].prompt_tokens
     generated = sum(u.completion_tokens for u in usages)
-    return Usage(prompt, generated, prompt + generated)
+    return Usage(prompt, generated, prompt + generated, usages[0].prompt_tokens_details)
 
 
 class _Item:
     """A dict item (from an untyped remote stage) read like a message."""
 
-    __slots__ = ("finish_reason", "logprobs", "prompt_tokens", "text", "token_ids")
+    __slots__ = (
+        "cached_tokens",
+        "finish_reason",
+        "logprobs",
+        "prompt_tokens",
+        "text",
+        "token_ids",
+    )
 
     def __init__(self, d: dict[str, Any]) -> None:
         self.text = d.get("text")
         self.token_ids = d.get("token_ids")
         self.prompt_tokens = d.get("prompt_tokens")
+        self.cached_tokens = d.get("cached_tokens")
         self.finish_reason = d.get("finish_reason")
         self.logprobs = d.get("logprobs")
 

@@ -63,6 +63,8 @@ def test_a_non_streamed_answer_reports_the_engines_usage_and_finish_reason(
     assert answer.usage.completion_tokens == 12
     assert answer.usage.prompt_tokens > len(ASK[0]["content"].split())  # templated prompt
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + 12
+    details = answer.usage.prompt_tokens_details  # what the engine's prefix cache held
+    assert details is not None and 0 <= (details.cached_tokens or 0) <= answer.usage.prompt_tokens
 
 
 def test_a_streamed_answer_ends_with_a_usage_chunk_and_sends_no_empty_deltas(
