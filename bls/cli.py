@@ -317,10 +317,16 @@ def _bench(sub: Any) -> None:
         help="load-test a served script or the chat endpoint",
         description="Send the same request to a bls serve endpoint over N keep-alive "
         "connections and report requests/s, latency percentiles, a stream's time to its "
-        "first item, and errors by status and kind. A progress bar goes to stderr; the "
-        "summary (a table, or JSON with --json) to stdout.",
+        "first item, and errors by status and kind; or, with --chat --turns T, multi-turn "
+        "conversations. A progress bar goes to stderr; the summary (a table, or JSON with "
+        "--json) to stdout.",
     )
-    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "url",
+        nargs="+",
+        help="the server, e.g. http://127.0.0.1:8000; several: the connections spread over "
+        "them (with --turns, each conversation's turns go to them in turn)",
+    )
     p.add_argument("--entry", metavar="NAME", help="the script entry (POST /v1/scripts/NAME)")
     p.add_argument(
         "--chat", action="store_true", help="POST to /v1/chat/completions instead of an entry"
@@ -350,6 +356,14 @@ def _bench(sub: Any) -> None:
         action="store_true",
         help='ask for a stream (Accept: text/event-stream; with --chat, "stream": true) '
         "and measure the time to its first item",
+    )
+    p.add_argument(
+        "--turns",
+        type=count(1, 1000),
+        metavar="T",
+        help="with --chat: each connection holds conversations of T turns, each turn "
+        "sending the conversation so far (the answers included) and a follow-up, and the "
+        "summary gives the prefix-cache hit rate the server reports over the later turns",
     )
     p.add_argument("--plot", metavar="FILE.png", help="draw latency over time and its histogram")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

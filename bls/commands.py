@@ -383,10 +383,10 @@ def keygen(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    """``bls bench``: load-test a served script or the chat route (:mod:`bls.loadgen`)."""
-    from . import loadgen
+    """``bls bench``: load-test a served script or the chat route (:mod:`bls.loadreport`)."""
+    from . import loadreport
 
-    return loadgen.main(args)
+    return loadreport.main(args)
 
 
 # -- shared by several commands ------------------------------------------------------

@@ -169,6 +169,18 @@ class LoadConnection:
             return False
         return self._read()
 
+    def dropped(self) -> bool:
+        """Whether the server closed this idle keep-alive connection, so that a request
+        sent on it would fail (a peek finds its end). Not asked of a TLS connection."""
+        if self.sock is None or self.tls is not None:
+            return False
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()

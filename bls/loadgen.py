@@ -1,11 +1,11 @@
 """``bls bench``: a load generator for any served script, or the chat endpoint.
 
 N keep-alive HTTP/1.1 connections (``--concurrency``) each send the same request again
-and again until ``--requests`` have been sent or ``--duration`` has passed. A stream's
-time to its first item is measured as well as its whole time. A live progress bar goes to
-stderr; the summary (a table, or one JSON object with ``--json``) to stdout.
-``--plot FILE.png`` draws latency over time and its histogram (needs matplotlib:
-``pip install 'bls-pipelines[plot]'``).
+and again until ``--requests`` have been sent or ``--duration`` has passed; with several
+URLs the connections are spread over them. A stream's time to its first item is
+measured as well as its whole time. With ``--turns`` the connections hold multi-turn
+chat conversations instead (:mod:`bls.loadchat`). Here: the run and its summary; the
+command, its table and plot are :mod:`bls.loadreport`'s.
 
 Every connection runs on one ``selectors`` loop (:mod:`bls.loadconn`), with no event-loop
 or HTTP library: at thousands of requests a second a library's per-request cost would be
@@ -15,20 +15,21 @@ measured instead of the server's.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import selectors
 import socket
 import ssl
 import statistics
-import sys
 import time
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .console import UsageError, emit, read_input
+from . import loadchat
+from .console import UsageError
+from .loadchat import Conversations
 from .loadconn import LoadConnection
 
 __all__ = ["BenchError", "Result", "Sample", "run_bench"]
@@ -49,15 +50,23 @@ class Sample:
     first: float | None  # a stream's first item, seconds
     status: int
     kind: str  # "" for success; else the error's type (or "connection")
+    turn: int | None = None  # of its conversation (with --turns), from 0
+    prompt_tokens: int | None = None  # (with --turns: the answer's usage)
+    cached_tokens: int | None = None
 
 
 @dataclass
 class Result:
-    url: str
+    urls: list[str]
     concurrency: int
     elapsed: float
     samples: list[Sample] = field(default_factory=list)
     failures: Counter[str] = field(default_factory=Counter)  # why connections failed
+    conversations: Conversations | None = None  # with --turns
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if not s.kind]
@@ -66,8 +75,9 @@ class Result:
         errors = Counter(
             f"{s.status} {s.kind}" if s.status else s.kind for s in self.samples if s.kind
         )
-        return {
+        summary = {
             "url": self.url,
+            "urls": self.urls,
             "concurrency": self.concurrency,
             "requests": len(self.samples),
             "ok": len(ok),
@@ -77,6 +87,11 @@ class Result:
             "latency_ms": _percentiles(lat),
             "first_item_ms": _percentiles(firsts) if firsts else None,
         }
+        if self.conversations is not None:
+            summary["conversations"] = loadchat.summary(
+                self.samples, self.conversations, _percentiles
+            )
+        return summary
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -135,8 +150,39 @@ def request_bytes(url: str, path: str, body: bytes, stream: bool) -> bytes:
     ).encode() + body
 
 
+class Plan(Protocol):
+    """What each connection sends next, and what its answer said."""
+
+    def next(self, slot: int) -> tuple[int, bytes]:
+        """(the URL's index, the request's bytes) for connection ``slot``."""
+        ...
+
+    def answered(
+        self, slot: int, ok: bool, body: bytes
+    ) -> tuple[int | None, int | None, int | None]:
+        """(the turn, its prompt tokens, those cached) of ``slot``'s answer; None where
+        the plan has no turns or the answer does not say."""
+        ...
+
+
+class _Same:
+    """The same request again and again, connection ``slot`` on URL ``slot % len``."""
+
+    def __init__(self, requests: list[bytes]) -> None:
+        self.requests = requests
+
+    def next(self, slot: int) -> tuple[int, bytes]:
+        where = slot % len(self.requests)
+        return where, self.requests[where]
+
+    def answered(
+        self, slot: int, ok: bool, body: bytes
+    ) -> tuple[int | None, int | None, int | None]:
+        return None, None, None
+
+
 def run_bench(
-    url: str,
+    urls: str | Sequence[str],
     path: str,
     body: bytes,
     *,
@@ -145,8 +191,43 @@ def run_bench(
     duration: float | None,
     stream: bool,
     progress: Any = None,
+    turns: int | None = None,
 ) -> Result:
-    """Drive the server; ``progress(done, errors)`` is called as answers arrive."""
+    """Drive the server(s); ``progress(done, errors)`` is called as answers arrive. With
+    ``turns``, each connection holds chat conversations of that many turns."""
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    places = [_place(url) for url in urls]
+    _open_files_for(concurrency * (len(urls) if turns else 1))
+    conversations: Conversations | None = None
+    plan: Plan
+    if turns is None:
+        plan = _Same([request_bytes(url, path, body, stream) for url in urls])
+    else:
+        heads: list[Callable[[bytes], bytes]] = [
+            lambda b, url=url: request_bytes(url, path, b, stream)  # type: ignore[misc]
+            for url in urls
+        ]
+        plan = conversations = Conversations(_chat_body(body), turns, heads, stream)
+    result = Result(urls=urls, concurrency=concurrency, elapsed=0.0, conversations=conversations)
+    run = _Run(result, plan, requests, duration, progress)
+    slots = [
+        [LoadConnection(address, family, host, tls) for address, family, host, tls in places]
+        for _ in range(concurrency)
+    ]
+    try:
+        run.drive(slots)
+    finally:
+        for conns in slots:
+            for conn in conns:
+                conn.close()
+        run.selector.close()
+    if run.stopped:
+        raise BenchError(f"stopped: the first {PROBE} {run.stopped}")
+    return result
+
+
+def _place(url: str) -> tuple[tuple[object, ...], int, str, ssl.SSLContext | None]:
+    """(address, family, host, TLS context) to connect to ``url``."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BenchError(f"the URL must be http://HOST:PORT or https://..., got {url!r}")
@@ -158,19 +239,17 @@ def run_bench(
         )[0]
     except OSError as exc:
         raise BenchError(f"cannot connect to {url}: {exc.strerror or exc}") from None
-    _open_files_for(concurrency)
-    data = request_bytes(url, path, body, stream)
-    run = _Run(url, data, concurrency, requests, duration, progress)
-    conns = [LoadConnection(address, family, parts.hostname, tls) for _ in range(concurrency)]
+    return address, family, parts.hostname, tls
+
+
+def _chat_body(body: bytes) -> dict[str, Any]:
     try:
-        run.drive(conns)
-    finally:
-        for conn in conns:
-            conn.close()
-        run.selector.close()
-    if run.stopped:
-        raise BenchError(f"stopped: the first {PROBE} {run.stopped}")
-    return run.result
+        decoded = json.loads(body)
+    except ValueError as exc:
+        raise BenchError(f"--input is not JSON: {exc}") from None
+    if not isinstance(decoded, dict):
+        raise BenchError("--turns needs a chat request (a JSON object) as --input")
+    return decoded
 
 
 def _open_files_for(concurrency: int) -> None:
@@ -189,31 +268,38 @@ def _open_files_for(concurrency: int) -> None:
 
 class _Run:
     """Every connection on one selector: each sends its next request as soon as its last
-    answer is whole, until ``requests`` were sent or ``duration`` has passed."""
+    answer is whole, until ``requests`` were sent or ``duration`` has passed.
+
+    A slot is one connection of ``--concurrency``: one request at a time, on the
+    connection to the URL its plan names (it keeps one per URL, idle ones unwatched)."""
 
     def __init__(
         self,
-        url: str,
-        data: bytes,
-        concurrency: int,
+        result: Result,
+        plan: Plan,
         requests: int | None,
         duration: float | None,
         progress: Any,
     ) -> None:
-        self.url, self.data, self.requests, self.progress = url, data, requests, progress
-        self.result = Result(url=url, concurrency=concurrency, elapsed=0.0)
+        self.result, self.plan, self.requests, self.progress = result, plan, requests, progress
         self.selector = selectors.DefaultSelector()
         self.watched: dict[LoadConnection, tuple[socket.socket, int]] = {}
-        self.paused: deque[tuple[float, LoadConnection]] = deque()  # after a failure, until
+        self.slots: list[list[LoadConnection]] = []
+        self.busy: list[LoadConnection | None] = []  # each slot's connection in use
+        self.slot_of: dict[LoadConnection, int] = {}
+        self.paused: deque[tuple[float, int]] = deque()  # a slot after a failure, until
         self.sent = self.errors = 0
         self.began = time.perf_counter()
         self.until = self.began + duration if duration is not None else float("inf")
         self.probe = PROBE if requests is None or requests > PROBE else 0  # a short run just ends
         self.stopped = ""  # why the first answers say that going on measures nothing
 
-    def drive(self, conns: list[LoadConnection]) -> None:
-        for conn in conns:
-            self._next(conn)
+    def drive(self, slots: list[list[LoadConnection]]) -> None:
+        self.slots = slots
+        self.busy = [None] * len(slots)
+        self.slot_of = {conn: i for i, conns in enumerate(slots) for conn in conns}
+        for slot in range(len(slots)):
+            self._next(slot)
         while self.watched or self.paused:
             wait = max(0.0, self.paused[0][0] - time.perf_counter()) if self.paused else None
             for key, _ in self.selector.select(wait):
@@ -225,7 +311,7 @@ class _Run:
                     continue
                 if whole:
                     self._answered(conn)
-                    self._next(conn)
+                    self._next(self.slot_of[conn])
                 else:
                     self._watch(conn)
             now = time.perf_counter()
@@ -233,20 +319,31 @@ class _Run:
                 self._next(self.paused.popleft()[1])
         self.result.elapsed = time.perf_counter() - self.began
 
-    def _next(self, conn: LoadConnection) -> None:
-        """Send ``conn``'s next request, or retire it when the run is over."""
+    def _next(self, slot: int) -> None:
+        """Send ``slot``'s next request, or retire it when the run is over."""
         now = time.perf_counter()
         if (
             (self.requests is not None and self.sent >= self.requests)
             or now >= self.until
             or self.stopped
         ):
-            self._unwatch(conn)
-            conn.close()
+            for conn in self.slots[slot]:
+                self._unwatch(conn)
+                conn.close()
+            self.busy[slot] = None
             return
+        where, data = self.plan.next(slot)
+        conn = self.slots[slot][where]
+        last = self.busy[slot]
+        if last is not None and last is not conn:
+            self._unwatch(last)  # (kept alive, idle, for the slot's next turn there)
+            if conn.dropped():  # (while it was idle)
+                self._unwatch(conn)
+                conn.close()
+        self.busy[slot] = conn
         self.sent += 1
         try:
-            conn.start(self.data, now)
+            conn.start(data, now)
         except OSError as exc:
             self._failed(conn, exc)
             return
@@ -255,8 +352,10 @@ class _Run:
     def _answered(self, conn: LoadConnection) -> None:
         answer = conn.answer
         assert answer is not None
-        kind, message = _error(answer.status, bytes(answer.body), answer.stream)
-        self._sample(answer.t0, answer.status, kind, answer.first)
+        body = bytes(answer.body)
+        kind, message = _error(answer.status, body, answer.stream)
+        turn, prompt, cached = self.plan.answered(self.slot_of[conn], not kind, body)
+        self._sample(answer.t0, answer.status, kind, answer.first, turn, prompt, cached)
         samples = self.result.samples
         if len(samples) == self.probe and _all_refused(samples[: self.probe]):
             self.stopped = (
@@ -266,22 +365,34 @@ class _Run:
 
     def _failed(self, conn: LoadConnection, exc: Exception) -> None:
         if not self.result.samples and isinstance(exc, ConnectionRefusedError):
-            raise BenchError(f"cannot connect to {self.url}: connection refused") from None
+            raise BenchError(f"cannot connect to {self.result.url}: connection refused") from None
         self._unwatch(conn)
         conn.close()
         reason = getattr(exc, "strerror", None) or str(exc)  # SSLError: its strerror, too
         failures = self.result.failures
         failures[reason] += 1
         assert conn.answer is not None  # (start() makes the answer before it connects)
-        self._sample(conn.answer.t0, 0, "connection", None)
+        slot = self.slot_of[conn]
+        turn, _, _ = self.plan.answered(slot, False, b"")
+        self._sample(conn.answer.t0, 0, "connection", None, turn)
         if len(self.result.samples) == self.probe == failures[reason]:
             self.stopped = f"requests all failed to connect: {reason}"
         # Not at once: a server that is down, or out of files, would be asked in a busy loop.
-        self.paused.append((time.perf_counter() + PAUSE, conn))
+        self.paused.append((time.perf_counter() + PAUSE, slot))
 
-    def _sample(self, t0: float, status: int, kind: str, first: float | None) -> None:
+    def _sample(
+        self,
+        t0: float,
+        status: int,
+        kind: str,
+        first: float | None,
+        turn: int | None = None,
+        prompt: int | None = None,
+        cached: int | None = None,
+    ) -> None:
         now = time.perf_counter()
-        self.result.samples.append(Sample(t0 - self.began, now - t0, first, status, kind))
+        sample = Sample(t0 - self.began, now - t0, first, status, kind, turn, prompt, cached)
+        self.result.samples.append(sample)
         self.errors += bool(kind)
         if self.progress is not None:
             self.progress(len(self.result.samples), self.errors)
@@ -315,141 +426,3 @@ def _all_refused(samples: list[Sample]) -> bool:
     if not 400 <= first.status < 500 or first.status == 429:
         return False
     return all((s.status, s.kind) == (first.status, first.kind) for s in samples)
-
-
-# -- presenting -------------------------------------------------------------------------
-
-
-def table(summary: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    title = f"{summary['url']}, {summary['concurrency']} connections"
-    out = Table(title=title, min_width=len(title) + 4)
-    out.add_column("measure")
-    out.add_column("value", justify="right")
-    out.add_row("requests", f"{summary['requests']} ({summary['ok']} ok)")
-    out.add_row("elapsed", f"{summary['elapsed_s']:.2f} s")
-    out.add_row("requests/s", f"{summary['requests_per_s']:,.1f}")
-    for label, key in (("latency", "latency_ms"), ("first item", "first_item_ms")):
-        values = summary.get(key)
-        if values:
-            for q in ("p50", "p90", "p99"):
-                out.add_row(f"{label} {q}", f"{values[q]:.2f} ms")
-    for what, count in sorted(summary["errors"].items()):
-        out.add_row(f"errors: {what}", str(count))
-    return out
-
-
-def plot(result: Result, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [s for s in result.samples if not s.kind]
-    bad = [s for s in result.samples if s.kind]
-    fig, (over_time, histogram) = plt.subplots(1, 2, figsize=(12, 4.5))
-    over_time.scatter([s.start for s in ok], [s.latency * 1000 for s in ok], s=4, label="ok")
-    if bad:
-        over_time.scatter(
-            [s.start for s in bad], [s.latency * 1000 for s in bad], s=8, c="red", label="error"
-        )
-    firsts = [s for s in ok if s.first is not None]
-    if firsts:
-        over_time.scatter(
-            [s.start for s in firsts],
-            [(s.first or 0) * 1000 for s in firsts],
-            s=4,
-            label="first item",
-        )
-    over_time.set_xlabel("time since start (s)")
-    over_time.set_ylabel("latency (ms)")
-    over_time.set_title("latency over time")
-    over_time.legend(loc="upper right")
-    histogram.hist([s.latency * 1000 for s in ok], bins=50)
-    histogram.set_xlabel("latency (ms)")
-    histogram.set_ylabel("requests")
-    histogram.set_title(f"{len(ok)} requests, {result.concurrency} connections")
-    fig.suptitle(result.url)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def main(args: Any) -> int:
-    """``bls bench`` (its flags are in :mod:`bls.cli`): run, then print the summary."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    if (args.requests is None) == (args.duration is None):
-        if args.duration is None:
-            args.requests = 100
-        else:
-            raise BenchError("give --requests or --duration, not both")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise BenchError("--plot needs matplotlib: pip install 'bls-pipelines[plot]'") from None
-    if args.chat:
-        path = "/v1/chat/completions"
-    elif args.entry:
-        path = f"/v1/scripts/{args.entry}"
-    else:
-        raise BenchError("name the script's entry with --entry NAME (or --chat for the chat route)")
-    body = read_input(args.input)
-    try:
-        decoded = json.loads(body)
-    except ValueError as exc:
-        raise BenchError(f"--input is not JSON: {exc}") from None
-    if args.chat and args.stream and isinstance(decoded, dict):
-        decoded["stream"] = True
-        body = json.dumps(decoded).encode()
-
-    console = Console(stderr=True)
-    total = args.requests
-    columns = [
-        TextColumn("[bold]bls bench"),
-        BarColumn(),
-        MofNCompleteColumn() if total else TextColumn("{task.completed} done"),
-        TextColumn("{task.fields[errors]} errors"),
-        TimeElapsedColumn(),
-    ]
-    with Progress(
-        *columns, console=console, transient=True, disable=not console.is_terminal
-    ) as bar:
-        task = bar.add_task("load", total=total or args.duration, errors=0)
-        began = time.perf_counter()
-
-        def progress(done: int, errors: int) -> None:
-            if total:
-                bar.update(task, completed=done, errors=errors)
-            else:
-                bar.update(
-                    task, completed=min(args.duration, time.perf_counter() - began), errors=errors
-                )
-
-        result = run_bench(
-            args.url.rstrip("/"),
-            path,
-            body,
-            concurrency=args.concurrency,
-            requests=args.requests,
-            duration=args.duration,
-            stream=args.stream,
-            progress=progress,
-        )
-    for reason, count in result.failures.most_common():
-        print(f"bls bench: {count} connection errors: {reason}", file=sys.stderr)
-    summary = result.summary()
-    if args.plot:
-        plot(result, args.plot)
-        summary["plot"] = os.path.abspath(args.plot)
-    if args.json:
-        emit(json.dumps(summary).encode())
-    else:
-        out = Console(file=sys.stdout, width=100)
-        out.print(table(summary))
-        if args.plot:
-            out.print(f"plot: {summary['plot']}")
-    return 0 if summary["ok"] else 1
