@@ -1,43 +1,42 @@
-"""Cache-aware routing for an LLM stage: a multi-turn chat workload through two
-frontends (processes that share nothing) onto FakeLLM replicas with a simulated prefix
-cache, affinity by prompt prefix against least-outstanding, and one replica alone (every
-turn finds its conversation's prefix: the hit rate to reach).
+"""Cache-aware routing for an LLM stage: a multi-turn chat workload (`bls bench --chat
+--turns`) through two frontends (processes that share nothing) onto FakeLLM replicas
+with a simulated prefix cache, affinity by prompt prefix against least-outstanding, and
+one replica alone (every turn finds its conversation's prefix: the hit rate to reach).
 
     python bench/prefix_routing.py [--rounds 3] [--conversations 16] [--turns 6]
                                    [--cache-blocks 20000,192] [--tpot-ms 1]
 
-Each conversation is a system prompt and a first question, then turns that each send
-the whole conversation so far; its turns go to the two frontends in turn (as a
-round-robin load balancer sends them), the conversations side by side. The replicas
-(`bls worker bls.models.fakellm:FakeLLM`) take ``prefill_ms`` per prompt token their
-cache does not hold before the first token, then ``--tpot-ms`` between tokens. The
-whole run is made once per cache size (``--cache-blocks``: blocks of 16 tokens a replica
-keeps; the one replica of the first mode keeps twice as many, the memory of the two): a
-roomy one, where every replica holds every conversation it saw, and a full one (192
-blocks), where each replica holds the blocks of half the conversations by their last
-turn but not those of all of them, as a real engine's KV cache is full under load. Each
-mode starts fresh workers and frontends; the modes take turns for ``--rounds`` rounds.
-Prints the prefix-cache hit rate (cached / prompt tokens, over every turn after a
-conversation's first) and time to first token, median [min-max] over rounds, and the
-ratios the targets are stated in.
+The frontends serve examples/chat/chat.py (the OpenAI chat endpoint) with its generator
+on the replicas. `bls bench` holds ``--conversations`` conversations side by side, one a
+connection: each turn sends the whole conversation so far, the engine's answers
+included, and a conversation's turns go to the two frontends in turn (as a round-robin
+load balancer sends them). The replicas (`bls worker bls.models.fakellm:FakeLLM`) take
+``prefill_ms`` per prompt token their cache does not hold before the first token, then
+``--tpot-ms`` between tokens, and report the tokens their cache held in each answer's
+``usage``. The whole run is made once per cache size (``--cache-blocks``: blocks of 16
+tokens a replica keeps; the one replica of the first mode keeps twice as many, the
+memory of the two): a roomy one, where every replica holds every conversation it saw,
+and a full one (192 blocks), where each replica holds the blocks of half the
+conversations by their last turn but not those of all of them, as a real engine's KV
+cache is full under load. Each mode starts fresh workers and frontends; the modes take
+turns for ``--rounds`` rounds. Prints the prefix-cache hit rate (cached / prompt tokens,
+over every turn after a conversation's first) and time to first token of those turns,
+median [min-max] over rounds, and the ratios the targets are stated in.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import statistics
+import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from _procs import BLS, spawn, spread, stop_all
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = str(ROOT / "bench/serving/turns.py")
+SCRIPT = str(ROOT / "examples/chat/chat.py")
 FAKE = [
     "--option", "ttft_ms=2", "--option", "prefill_ms=0.5", "--option", "block_tokens=16",
 ]  # fmt: skip
@@ -46,60 +45,31 @@ MODES = {  # name: (replicas, affinity)
     "affinity": (2, True),
     "least outstanding": (2, False),
 }
-SYSTEM = "You are a careful assistant."
+FIRST_TURN = {
+    "model": "tiny",
+    "messages": [
+        {"role": "system", "content": "You are a careful assistant."},
+        {"role": "user", "content": "tell me about this topic, in detail: " * 6},
+    ],
+    "max_tokens": 48,
+    "ignore_eos": True,
+}
 
 
-def opening(c: int) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"conversation {c}: tell me about topic {c} " * 6},
-    ]
-
-
-async def one_turn(
-    client: httpx.AsyncClient, url: str, messages: list[Any]
-) -> tuple[float, int, int, str]:
-    """(time to the first item, prompt tokens, cached tokens, the answer's text)."""
-    began = time.perf_counter()
-    headers = {"accept": "application/x-ndjson"}
-    first: dict[str, Any] | None = None
-    ttft, text = 0.0, ""
-    body = {"messages": messages}
-    async with client.stream("POST", f"{url}/v1/scripts/turn", json=body, headers=headers) as got:
-        got.raise_for_status()
-        async for line in got.aiter_lines():
-            if not line.strip():
-                continue
-            item = json.loads(line)
-            if first is None:
-                first, ttft = item, time.perf_counter() - began
-            text += item["text"]
-    if first is None:
-        raise RuntimeError("no item")
-    return ttft, first["prompt_tokens"], first["cached_tokens"], text
-
-
-async def workload(
-    urls: list[str], conversations: int, turns: int
-) -> list[tuple[int, float, int, int]]:
-    """(turn, ttft s, prompt tokens, cached tokens) of every turn. Each turn sends the
-    conversation so far, the engine's own answers included (as a chat client does)."""
-    results: list[tuple[int, float, int, int]] = []
-    async with httpx.AsyncClient(timeout=60) as client:
-
-        async def talk(c: int) -> None:
-            messages = opening(c)
-            for t in range(turns):
-                url = urls[(c + t) % len(urls)]  # (a round-robin balancer's choice)
-                ttft, prompt, cached, answer = await one_turn(client, url, messages)
-                results.append((t, ttft, prompt, cached))
-                messages += [
-                    {"role": "assistant", "content": answer},
-                    {"role": "user", "content": f"go on with part {t + 2}, please"},
-                ]
-
-        await asyncio.gather(*(talk(c) for c in range(conversations)))
-    return results
+def converse(urls: list[str], conversations: int, turns: int) -> dict[str, Any]:
+    """`bls bench`'s summary of ``conversations`` conversations of ``turns`` turns."""
+    command = [
+        BLS, "bench", *urls, "--chat", "--turns", str(turns), "--stream", "--json",
+        "-c", str(conversations), "-n", str(conversations * turns),
+        "--input", json.dumps(FIRST_TURN),
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"bls bench failed: {out.stderr[-2000:]}")
+    summary = json.loads(out.stdout)
+    if summary["errors"]:
+        raise RuntimeError(f"bls bench: errors {summary['errors']}")
+    return summary["conversations"]
 
 
 def run_mode(
@@ -131,14 +101,14 @@ def run_mode(
             )  # fmt: skip
             procs.append(proc)
             urls.append(url)
-        results = asyncio.run(workload(urls, conversations, turns))
+        talks = converse(urls, conversations, turns)
     finally:
         stop_all(procs)
-    later = [r for r in results if r[0] > 0]
+    firsts = talks["later_first_item_ms"]
     return {
-        "hit rate": sum(r[3] for r in later) / sum(r[2] for r in later),
-        "ttft p50 ms": statistics.median(r[1] for r in later) * 1000,
-        "ttft p90 ms": statistics.quantiles([r[1] for r in later], n=10)[-1] * 1000,
+        "hit rate": talks["hit_rate"],
+        "ttft p50 ms": firsts["p50"],
+        "ttft p90 ms": firsts["p90"],
     }
 
 
