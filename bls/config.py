@@ -111,7 +111,9 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     run's items kept as its result (past it, its result is null: they are in its
     events); ``max_event_streams``: ``/events`` streams open at once (more get 503);
     ``max_file_bytes``: a file of the Files API (``POST /v1/files``, a batch's output), at
-    most; ``batch_concurrency``: a batch's lines running at once."""
+    most; ``batch_concurrency``: a batch's lines running at once; ``batch_window_s``: how
+    long a batch may run before it expires (what its ``completion_window``, ``24h``,
+    means here)."""
 
     store: str | None = None
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
@@ -121,6 +123,7 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     max_event_streams: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1024
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
     batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16
+    batch_window_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
     retain_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24 * 3600.0
     retain: Annotated[int, msgspec.Meta(ge=0)] = 100_000

@@ -16,7 +16,10 @@ on from those events: a line that ended is not run again; one that was running w
 frontend stopped runs again. At its end (completed, cancelled or expired) its output
 file holds the lines that were answered 200 and its error file the others, in the input
 file's order, each ``{"id", "custom_id", "response": {"status_code", "request_id",
-"body"}, "error"}``.
+"body"}, "error"}``. A batch expires ``[runs] batch_window_s`` after it was made (24 h):
+its lines not answered by then are cancelled, and the error file has each as OpenAI
+writes an expired request, ``"response": null`` and ``"error": {"code":
+"batch_expired", ...}``.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ class Batches:
                 "completion_window": "24h",
             }
         )
-        return await self.runs.submit_job(self.kind, request, 24 * 3600.0)
+        return await self.runs.submit_job(self.kind, request, self.runs.config.batch_window_s)
 
     async def _batch(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         rid = request_id_of(scope)
@@ -219,7 +222,7 @@ class Batches:
             "error_file_id": error,
             "created_at": created,
             "in_progress_at": None if row.started is None else int(row.started),
-            "expires_at": created + 24 * 3600,
+            "expires_at": int(row.deadline) if row.deadline is not None else None,
             "completed_at": ended if status == "completed" else None,
             "failed_at": ended if status == "failed" else None,
             "expired_at": ended if status == "expired" else None,
@@ -286,9 +289,12 @@ class Batches:
                     if index not in done:
                         tg.start_soon(one, index, todo)
         except BaseException:
-            # Cancelled, or past its deadline: what it answered is its output. (Stopped
-            # for another frontend to go on with: none yet.)
+            # Cancelled, or past its deadline: what it answered is its output; expired,
+            # the lines it did not answer are errors. (Stopped for another frontend to go
+            # on with: none yet.)
             if scope.cancelling in (Reason.CANCELLED, Reason.DEADLINE):
+                if scope.cancelling is Reason.DEADLINE:
+                    _expire(lines, done)
                 with anyio.CancelScope(shield=True):
                     await self._write_files(row.id, done)
             raise
@@ -339,6 +345,26 @@ class Batches:
                 data=data,
             )
             await journal.do(journal.put_file, file)
+
+
+EXPIRED = {
+    "code": "batch_expired",
+    "message": "This request could not be executed before the completion window expired.",
+}
+
+
+def _expire(lines: list[_Line], done: dict[int, _Done]) -> None:
+    """Each line not answered by the batch's expiry, as an error line of its own (as
+    OpenAI writes an expired request); kept in the error file only, not as an event."""
+    for index, line in enumerate(lines):
+        if index not in done:
+            out = {
+                "id": f"batch_req_{uuid.uuid4().hex}",
+                "custom_id": line.custom_id,
+                "response": None,
+                "error": EXPIRED,
+            }
+            done[index] = _Done(index, False, len(lines), 0, 0, msgspec.Raw(_encode(out)))
 
 
 def _output_id(run_id: str) -> str:

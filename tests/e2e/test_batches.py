@@ -2,7 +2,8 @@
 makes a batch of chat completions over `bls serve --runs`, follows it and reads its
 output; a batch goes on after its frontend is killed with SIGKILL without running a
 finished line again; a cancelled batch stops its remote calls and keeps what it
-answered; bad input is refused naming the line and the field."""
+answered; one past its window expires, its unanswered lines in its error file; bad
+input is refused naming the line and the field."""
 
 from __future__ import annotations
 
@@ -208,6 +209,36 @@ def test_a_cancelled_batch_stops_its_calls_and_keeps_what_it_answered(
             .message.content
             == "line 7:0"
         )
+    finally:
+        drain([server])
+
+
+def test_a_batch_past_its_window_expires_and_its_unanswered_lines_are_errors(
+    worker: Proc,  # noqa: F811
+    store: str,  # noqa: F811
+    config: Path,
+    calls: Path,  # noqa: F811
+) -> None:
+    config.write_text(config.read_text() + "batch_window_s = 4\n")
+    server = serve(worker, store, config)
+    try:
+        # Two quick lines, then slow ones (four at a time) that the window cuts short.
+        batch_id = submit(server, jsonl("0", "1", *(f"{n} 60" for n in range(2, 10))))
+        batch = finished(server, batch_id, timeout=30)
+        assert batch.status == "expired" and batch.expired_at is not None
+        assert batch.expires_at == batch.created_at + 4
+        assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
+        assert sorted(outputs(server, batch.output_file_id)) == ["req-0", "req-1"]
+        expired = outputs(server, batch.error_file_id)
+        assert sorted(expired) == sorted(f"req-{n}" for n in range(2, 10))
+        assert all(row["response"] is None for row in expired.values())
+        assert {row["error"]["code"] for row in expired.values()} == {"batch_expired"}
+        # The four lines running at the expiry were cancelled at the worker.
+        wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(calls)) == 4, timeout=10)
+        answer = client(server).chat.completions.create(  # the server serves on
+            model="tiny", messages=[{"role": "user", "content": "7"}]
+        )
+        assert answer.choices[0].message.content == "line 7:0"
     finally:
         drain([server])
 
