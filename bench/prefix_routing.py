@@ -4,7 +4,8 @@ with a simulated prefix cache, affinity by prompt prefix against least-outstandi
 one replica alone (every turn finds its conversation's prefix: the hit rate to reach).
 
     python bench/prefix_routing.py [--rounds 3] [--conversations 16] [--turns 6]
-                                   [--cache-blocks 20000,192] [--tpot-ms 1]
+                                   [--cache-blocks 20000,192] [--tpot-ms 1] [--replicas 2]
+                                   [--balance B]
 
 The frontends serve examples/chat/chat.py (the OpenAI chat endpoint) with its generator
 on the replicas. `bls bench` holds ``--conversations`` conversations side by side, one a
@@ -14,8 +15,8 @@ load balancer sends them). The replicas (`bls worker bls.models.fakellm:FakeLLM`
 ``prefill_ms`` per prompt token their cache does not hold before the first token, then
 ``--tpot-ms`` between tokens, and report the tokens their cache held in each answer's
 ``usage``. The whole run is made once per cache size (``--cache-blocks``: blocks of 16
-tokens a replica keeps; the one replica of the first mode keeps twice as many, the
-memory of the two): a roomy one, where every replica holds every conversation it saw,
+tokens a replica keeps; the one replica of the first mode keeps ``--replicas`` times
+as many, the memory of them all): a roomy one, where every replica holds every conversation it saw,
 and a full one (192 blocks), where each replica holds the blocks of half the
 conversations by their last turn but not those of all of them, as a real engine's KV
 cache is full under load. Each mode starts fresh workers and frontends; the modes take
@@ -40,10 +41,10 @@ SCRIPT = str(ROOT / "examples/chat/chat.py")
 FAKE = [
     "--option", "ttft_ms=2", "--option", "prefill_ms=0.5", "--option", "block_tokens=16",
 ]  # fmt: skip
-MODES = {  # name: (replicas, affinity)
-    "one replica": (1, False),
-    "affinity": (2, True),
-    "least outstanding": (2, False),
+MODES = {  # name: (one replica alone, affinity)
+    "one replica": (True, False),
+    "affinity": (False, True),
+    "least outstanding": (False, False),
 }
 FIRST_TURN = {
     "model": "tiny",
@@ -72,11 +73,11 @@ def converse(urls: list[str], conversations: int, turns: int) -> dict[str, Any]:
     return summary["conversations"]
 
 
-def run_mode(
-    name: str, conversations: int, turns: int, blocks: int, tpot_ms: float
-) -> dict[str, float]:
-    replicas, affinity = MODES[name]
-    cache = ["--option", f"prefix_cache={blocks * 2 // replicas}"]  # (the same memory in all)
+def run_mode(name: str, opts: argparse.Namespace, blocks: int) -> dict[str, float]:
+    alone, affinity = MODES[name]
+    replicas = 1 if alone else opts.replicas
+    cache = ["--option", f"prefix_cache={blocks * opts.replicas // replicas}"]  # (same memory)
+    tpot_ms = opts.tpot_ms
     cache += ["--option", f"tpot_ms={tpot_ms}"]
     procs = []
     try:
@@ -91,7 +92,8 @@ def run_mode(
         config = Path(tempfile.mkdtemp()) / "bls.toml"
         lines = ["[stages.generator]", f"remote = {json.dumps(addresses)}"]
         if affinity:
-            lines.append('affinity = { function = "bls.models.vllm:prefix_key" }')
+            balance = f", balance = {opts.balance}" if opts.balance else ""
+            lines.append(f'affinity = {{ function = "bls.models.vllm:prefix_key"{balance} }}')
         config.write_text("\n".join(lines) + "\n")
         urls = []
         for _ in range(2):
@@ -101,7 +103,7 @@ def run_mode(
             )  # fmt: skip
             procs.append(proc)
             urls.append(url)
-        talks = converse(urls, conversations, turns)
+        talks = converse(urls, opts.conversations, opts.turns)
     finally:
         stop_all(procs)
     firsts = talks["later_first_item_ms"]
@@ -121,13 +123,17 @@ def main() -> None:
     ap.add_argument(
         "--tpot-ms", type=float, default=1, help="between an answer's tokens (default: 1)"
     )
+    ap.add_argument(
+        "--replicas", type=int, default=2, help="for affinity and least outstanding (default: 2)"
+    )
+    ap.add_argument("--balance", type=float, help="affinity's load bound (default: the stage's)")
     opts = ap.parse_args()
     for blocks in (int(b) for b in opts.cache_blocks.split(",")):
         seen: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}
         names = list(MODES)
         for r in range(opts.rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                got = run_mode(name, opts.conversations, opts.turns, blocks, opts.tpot_ms)
+                got = run_mode(name, opts, blocks)
                 seen[name].append(got)
         report(seen, opts, blocks)
 
@@ -135,7 +141,7 @@ def main() -> None:
 def report(seen: dict[str, list[dict[str, float]]], opts: argparse.Namespace, blocks: int) -> None:
     print(
         f"\n{opts.conversations} conversations x {opts.turns} turns, 2 frontends, "
-        f"{blocks} cached blocks a replica ({blocks * 2} for one alone), {opts.rounds} "
+        f"{blocks} cached blocks a replica ({blocks * opts.replicas} for one alone), {opts.rounds} "
         "round(s): median [min-max] over rounds (turns after the first)\n"
     )
     print("| mode | replicas | prefix-cache hit rate | TTFT p50 ms | TTFT p90 ms |")
@@ -143,7 +149,8 @@ def report(seen: dict[str, list[dict[str, float]]], opts: argparse.Namespace, bl
     for name, runs in seen.items():
         cells = [spread([run[k] for run in runs], f) for k, f in
                  (("hit rate", ".3f"), ("ttft p50 ms", ".1f"), ("ttft p90 ms", ".1f"))]  # fmt: skip
-        print(f"| {name} | {MODES[name][0]} | " + " | ".join(cells) + " |")
+        replicas = 1 if MODES[name][0] else opts.replicas
+        print(f"| {name} | {replicas} | " + " | ".join(cells) + " |")
     rounds = range(opts.rounds)
     hit = [seen["affinity"][i]["hit rate"] / seen["one replica"][i]["hit rate"] for i in rounds]
     ttft = [
