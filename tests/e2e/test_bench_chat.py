@@ -84,15 +84,21 @@ def test_bench_holds_conversations_across_frontends_and_reports_the_hit_rate(
     summary = json.loads(out.stdout)
     assert summary["urls"] == urls and summary["ok"] == 24
     talks = summary["conversations"]
-    assert (talks["turns"], talks["started"], talks["finished"]) == (4, 6, 6)
-    assert talks["later_turns"] == 18
+    # The 24 requests are shared by the connections as their answers come (one may send
+    # more than another), so each connection may leave its last conversation unfinished.
+    assert talks["turns"] == 4 and talks["started"] - 3 <= talks["finished"] <= 6
+    assert 4 * talks["finished"] <= 24 - (talks["started"] - talks["finished"])
+    assert talks["later_turns"] == 24 - talks["started"]  # each began with one first turn
     # Each later turn sends the conversation so far, which the one engine has cached
     # but for the newest answer's last part and the follow-up.
     assert talks["prompt_tokens"] > 0 and talks["hit_rate"] > 0.6
     assert talks["later_first_item_ms"]["p50"] > 0
-    # A conversation's turns went to the two frontends in turn: half the turns each.
+    # A conversation's turns went to the two frontends in turn: two of each finished
+    # conversation's four turns each, so the two differ by at most the unfinished ones'
+    # one extra turn. (Connections fixed to a frontend would give 16 and 8.)
     served = [requests_served(p) - b for p, b in zip(frontends, before, strict=True)]
-    assert served == [12, 12]
+    assert sum(served) == 24
+    assert abs(served[0] - served[1]) <= talks["started"] - talks["finished"]
 
 
 def test_turns_needs_a_chat_request_that_ends_with_the_users_message(
