@@ -77,8 +77,7 @@ def run_mode(name: str, opts: argparse.Namespace, blocks: int) -> dict[str, floa
     alone, affinity = MODES[name]
     replicas = 1 if alone else opts.replicas
     cache = ["--option", f"prefix_cache={blocks * opts.replicas // replicas}"]  # (same memory)
-    tpot_ms = opts.tpot_ms
-    cache += ["--option", f"tpot_ms={tpot_ms}"]
+    cache += ["--option", f"tpot_ms={opts.tpot_ms}"]
     procs = []
     try:
         addresses = []

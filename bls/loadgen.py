@@ -14,6 +14,7 @@ measured instead of the server's.
 
 from __future__ import annotations
 
+import functools
 import json
 import resource
 import selectors
@@ -22,7 +23,7 @@ import ssl
 import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -203,19 +204,16 @@ def run_bench(
     if turns is None:
         plan = _Same([request_bytes(url, path, body, stream) for url in urls])
     else:
-        heads: list[Callable[[bytes], bytes]] = [
-            lambda b, url=url: request_bytes(url, path, b, stream)  # type: ignore[misc]
-            for url in urls
-        ]
+        heads = [functools.partial(request_bytes, url, path, stream=stream) for url in urls]
         plan = conversations = Conversations(_chat_body(body), turns, heads, stream)
     result = Result(urls=urls, concurrency=concurrency, elapsed=0.0, conversations=conversations)
-    run = _Run(result, plan, requests, duration, progress)
     slots = [
         [LoadConnection(address, family, host, tls) for address, family, host, tls in places]
         for _ in range(concurrency)
     ]
+    run = _Run(result, plan, slots, requests, duration, progress)
     try:
-        run.drive(slots)
+        run.drive()
     finally:
         for conns in slots:
             for conn in conns:
@@ -277,6 +275,7 @@ class _Run:
         self,
         result: Result,
         plan: Plan,
+        slots: list[list[LoadConnection]],
         requests: int | None,
         duration: float | None,
         progress: Any,
@@ -284,9 +283,9 @@ class _Run:
         self.result, self.plan, self.requests, self.progress = result, plan, requests, progress
         self.selector = selectors.DefaultSelector()
         self.watched: dict[LoadConnection, tuple[socket.socket, int]] = {}
-        self.slots: list[list[LoadConnection]] = []
-        self.busy: list[LoadConnection | None] = []  # each slot's connection in use
-        self.slot_of: dict[LoadConnection, int] = {}
+        self.slots = slots
+        self.busy: list[LoadConnection | None] = [None] * len(slots)  # each one's in use
+        self.slot_of = {conn: i for i, conns in enumerate(slots) for conn in conns}
         self.paused: deque[tuple[float, int]] = deque()  # a slot after a failure, until
         self.sent = self.errors = 0
         self.began = time.perf_counter()
@@ -294,11 +293,8 @@ class _Run:
         self.probe = PROBE if requests is None or requests > PROBE else 0  # a short run just ends
         self.stopped = ""  # why the first answers say that going on measures nothing
 
-    def drive(self, slots: list[list[LoadConnection]]) -> None:
-        self.slots = slots
-        self.busy = [None] * len(slots)
-        self.slot_of = {conn: i for i, conns in enumerate(slots) for conn in conns}
-        for slot in range(len(slots)):
+    def drive(self) -> None:
+        for slot in range(len(self.slots)):
             self._next(slot)
         while self.watched or self.paused:
             wait = max(0.0, self.paused[0][0] - time.perf_counter()) if self.paused else None
