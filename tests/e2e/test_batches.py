@@ -83,6 +83,14 @@ def outputs(server: Proc, file_id: str | None) -> dict[str, dict[str, Any]]:
     return {row["custom_id"]: row for row in rows}
 
 
+def serves_on(server: Proc) -> None:
+    """A chat request after the batch is answered as before: the server serves on."""
+    answer = client(server).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "7"}]
+    )
+    assert answer.choices[0].message.content == "line 7:0"
+
+
 def test_a_batch_answers_each_line_as_the_chat_route_does(
     worker: Proc,  # noqa: F811
     store: str,  # noqa: F811
@@ -200,15 +208,7 @@ def test_a_cancelled_batch_stops_its_calls_and_keeps_what_it_answered(
         assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
         assert sorted(outputs(server, batch.output_file_id)) == ["req-0", "req-1"]
         wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(calls)) == 4, timeout=10)
-        assert (
-            client(server)
-            .chat.completions.create(  # the server serves on
-                model="tiny", messages=[{"role": "user", "content": "7"}]
-            )
-            .choices[0]
-            .message.content
-            == "line 7:0"
-        )
+        serves_on(server)
     finally:
         drain([server])
 
@@ -235,10 +235,7 @@ def test_a_batch_past_its_window_expires_and_its_unanswered_lines_are_errors(
         assert {row["error"]["code"] for row in expired.values()} == {"batch_expired"}
         # The four lines running at the expiry were cancelled at the worker.
         wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(calls)) == 4, timeout=10)
-        answer = client(server).chat.completions.create(  # the server serves on
-            model="tiny", messages=[{"role": "user", "content": "7"}]
-        )
-        assert answer.choices[0].message.content == "line 7:0"
+        serves_on(server)
     finally:
         drain([server])
 
