@@ -35,6 +35,32 @@ def test_the_transcript_counts_the_engines_tokens_and_keeps_the_finish_reason() 
     assert transcript.finish_reason == "length"
 
 
+def test_cached_tokens_reach_usage_from_a_typed_or_an_untyped_item_alike() -> None:
+    from bls.models.vllm import GenerateItem
+
+    typed = GenerateItem(text="a", token_ids=[1], prompt_tokens=9, cached_tokens=8)
+    untyped = {"text": "a", "token_ids": [1], "prompt_tokens": 9, "cached_tokens": 8}
+    usages = []
+    for item in (typed, untyped):
+        transcript = chat.Transcript()
+        transcript.add(item)
+        usages.append(msgspec.json.decode(msgspec.json.encode(chat.total_usage([transcript]))))
+    assert (
+        usages[0]
+        == usages[1]
+        == {
+            "prompt_tokens": 9,
+            "completion_tokens": 1,
+            "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        }
+    )
+    # Where the engine does not say, the field is left out, as before.
+    unsaid = chat.Transcript()
+    unsaid.add({"text": "a", "token_ids": [1], "prompt_tokens": 9})
+    assert "prompt_tokens_details" not in msgspec.json.decode(msgspec.json.encode(unsaid.usage()))
+
+
 def test_plain_strings_have_no_usage_to_report() -> None:
     transcript = chat.Transcript()
     assert transcript.add("hello") == ("hello", None, None)
