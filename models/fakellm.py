@@ -66,7 +66,12 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True):
     each prompt token the cache does not hold, the prompt hashed in blocks of
     ``block_tokens`` (each block's hash chained to the one before), ``prefix_cache``
     blocks kept (least recently used out; 0: no cache, every token prefilled). The first
-    item says how many prompt tokens were cached (``cached_tokens``)."""
+    item says how many prompt tokens were cached (``cached_tokens``).
+
+    ``prefill_lanes``: how many prompts the engine prefills at once; the others wait their
+    turn, first come first served, as prompts wait for an engine's compute (0: no limit,
+    each prompt prefilled as if alone). With a limit, a prompt the cache missed delays
+    every prompt behind it, as on a real engine, not only itself."""
 
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
@@ -76,6 +81,7 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True):
     prefill_ms: float = 0.0
     prefix_cache: int = 0
     block_tokens: int = 16
+    prefill_lanes: int = 0
 
 
 _ids = itertools.count(1)
@@ -93,6 +99,7 @@ class FakeLLM(bls.Worker):
         self.calls = 0
         self._running = 0
         self._cache = _PrefixCache(self.options.prefix_cache, self.options.block_tokens)
+        self._lanes: anyio.CapacityLimiter | None = None  # (made in the loop, on first use)
 
     async def setup(self) -> None:
         # Prompt embeddings arrive as tensors, as they do at the vLLM worker: the codec
@@ -134,10 +141,9 @@ class FakeLLM(bls.Worker):
         text = ""
         finished = False
         words = prompt if req.prompt_embeds is None else []  # (what the cache may hold)
-        cached = self._cache.held(words)
         self._running += 1
         try:
-            await anyio.sleep((opts.ttft_ms + opts.prefill_ms * (len(prompt) - cached)) / 1000)
+            cached = await self._prefill(words, len(prompt))
             for n in range(req.max_tokens):
                 if n:
                     await anyio.sleep(opts.tpot_ms / 1000)
@@ -169,6 +175,22 @@ class FakeLLM(bls.Worker):
             if not finished:
                 self.aborted += 1
                 log.info("aborted %s (unfinished in the engine now: %d)", request_id, self._running)
+
+    async def _prefill(self, words: list[str], tokens: int) -> int:
+        """Wait out the prompt's prefill (in a lane, when they are limited); the tokens
+        the cache held, looked up when the prefill begins."""
+        opts: FakeOptions = self.options
+        if not opts.prefill_lanes:
+            cached = self._cache.held(words)
+            await anyio.sleep((opts.ttft_ms + opts.prefill_ms * (tokens - cached)) / 1000)
+            return cached
+        if self._lanes is None:
+            self._lanes = anyio.CapacityLimiter(opts.prefill_lanes)
+        async with self._lanes:
+            cached = self._cache.held(words)
+            await anyio.sleep(opts.prefill_ms * (tokens - cached) / 1000)
+        await anyio.sleep(opts.ttft_ms / 1000)
+        return cached
 
     def _whole(self, req: GenerateRequest, seed: Any) -> str | None:
         """The whole answer when it is given (``replies``) or constrained, else None."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 import bls
@@ -91,3 +92,23 @@ async def test_the_whole_answer_as_one_item_says_what_was_cached_too() -> None:
         req = GenerateRequest(messages=messages, max_tokens=3, stream=False)
         (whole,) = [item async for item in llm(req)]
     assert whole.prompt_tokens and whole.cached_tokens == whole.prompt_tokens // 4 * 4
+
+
+@pytest.mark.parametrize("lanes", [0, 1])
+async def test_with_one_prefill_lane_a_prompt_waits_for_the_one_before_it(lanes: int) -> None:
+    # A long prompt (300 tokens at 1 ms each) begins its prefill, then a short one comes.
+    llm = FakeLLM(FakeOptions(prefill_ms=1, prefill_lanes=lanes))
+    first_seen: list[str] = []
+
+    async def ask(name: str, words: int) -> None:
+        await first_item(llm, [{"role": "user", "content": "word " * words}])
+        first_seen.append(name)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, "long", 300)
+            await anyio.wait_all_tasks_blocked()  # the long one is prefilling
+            assert llm.unfinished() == 1
+            tg.start_soon(ask, "short", 3)
+    # Prefilled as if alone, the short prompt answers first; in one lane it waits its turn.
+    assert first_seen == (["long", "short"] if lanes else ["short", "long"])
