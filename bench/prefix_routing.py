@@ -4,8 +4,8 @@ with a simulated prefix cache, affinity by prompt prefix against least-outstandi
 one replica alone (every turn finds its conversation's prefix: the hit rate to reach).
 
     python bench/prefix_routing.py [--rounds 3] [--conversations 16] [--turns 6]
-                                   [--cache-blocks 20000,192] [--tpot-ms 1] [--replicas 2]
-                                   [--balance B]
+                                   [--cache-blocks 20000,192] [--tpot-ms 10] [--replicas 2]
+                                   [--balance B] [--prefill-lanes 1] [--policy TOML]
 
 The frontends serve examples/chat/chat.py (the OpenAI chat endpoint) with its generator
 on the replicas. `bls bench` holds ``--conversations`` conversations side by side, one a
@@ -13,10 +13,13 @@ connection: each turn sends the whole conversation so far, the engine's answers
 included, and a conversation's turns go to the two frontends in turn (as a round-robin
 load balancer sends them). The replicas (`bls worker bls.models.fakellm:FakeLLM`) take
 ``prefill_ms`` per prompt token their cache does not hold before the first token, then
-``--tpot-ms`` between tokens, and report the tokens their cache held in each answer's
-``usage``. The whole run is made once per cache size (``--cache-blocks``: blocks of 16
-tokens a replica keeps; the one replica of the first mode keeps ``--replicas`` times
-as many, the memory of them all): a roomy one, where every replica holds every conversation it saw,
+``--tpot-ms`` between tokens; each prefills ``--prefill-lanes`` prompts at a time (the
+others wait their turn, as prompts wait for an engine's compute; 0: each prompt as if
+alone), so that a miss delays the turns behind it too; and they report the tokens their
+cache held in each answer's ``usage``. The whole run is made once per cache size
+(``--cache-blocks``: blocks of 16 tokens a replica keeps; the one replica of the first
+mode keeps ``--replicas`` times as many, the memory of them all): a roomy one, where
+every replica holds every conversation it saw,
 and a full one (192 blocks), where each replica holds the blocks of half the
 conversations by their last turn but not those of all of them, as a real engine's KV
 cache is full under load. Each mode starts fresh workers and frontends; the modes take
@@ -31,6 +34,7 @@ import argparse
 import json
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +77,23 @@ def converse(urls: list[str], conversations: int, turns: int) -> dict[str, Any]:
     return summary["conversations"]
 
 
+def ejected(url: str) -> float:
+    """The replicas the frontend at ``url`` took out of rotation (``/metrics``)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as got:
+        lines = got.read().decode().splitlines()
+    return sum(float(x.split()[-1]) for x in lines if x.startswith("bls_stage_ejections_total{"))
+
+
 def run_mode(name: str, opts: argparse.Namespace, blocks: int) -> dict[str, float]:
     alone, affinity = MODES[name]
     replicas = 1 if alone else opts.replicas
     cache = ["--option", f"prefix_cache={blocks * opts.replicas // replicas}"]  # (same memory)
-    cache += ["--option", f"tpot_ms={opts.tpot_ms}"]
+    cache += [
+        "--option",
+        f"tpot_ms={opts.tpot_ms}",
+        "--option",
+        f"prefill_lanes={opts.prefill_lanes}",
+    ]
     procs = []
     try:
         addresses = []
@@ -90,6 +106,7 @@ def run_mode(name: str, opts: argparse.Namespace, blocks: int) -> dict[str, floa
             addresses.append(address)
         config = Path(tempfile.mkdtemp()) / "bls.toml"
         lines = ["[stages.generator]", f"remote = {json.dumps(addresses)}"]
+        lines += opts.policy
         if affinity:
             balance = f", balance = {opts.balance}" if opts.balance else ""
             lines.append(f'affinity = {{ function = "bls.models.vllm:prefix_key"{balance} }}')
@@ -103,6 +120,7 @@ def run_mode(name: str, opts: argparse.Namespace, blocks: int) -> dict[str, floa
             procs.append(proc)
             urls.append(url)
         talks = converse(urls, opts.conversations, opts.turns)
+        ejections = sum(ejected(url) for url in urls)
     finally:
         stop_all(procs)
     firsts = talks["later_first_item_ms"]
@@ -110,6 +128,7 @@ def run_mode(name: str, opts: argparse.Namespace, blocks: int) -> dict[str, floa
         "hit rate": talks["hit_rate"],
         "ttft p50 ms": firsts["p50"],
         "ttft p90 ms": firsts["p90"],
+        "ejections": ejections,
     }
 
 
@@ -120,12 +139,20 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--cache-blocks", default="20000,192", help="per replica, comma-separated")
     ap.add_argument(
-        "--tpot-ms", type=float, default=1, help="between an answer's tokens (default: 1)"
+        "--tpot-ms", type=float, default=10, help="between an answer's tokens (default: 10)"
     )
     ap.add_argument(
         "--replicas", type=int, default=2, help="for affinity and least outstanding (default: 2)"
     )
     ap.add_argument("--balance", type=float, help="affinity's load bound (default: the stage's)")
+    ap.add_argument(
+        "--policy", action="append", default=[], metavar="TOML",
+        help="a line for the stage's table, both modes (e.g. 'eject = { slower = 0 }')",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prefill-lanes", type=int, default=1,
+        help="prompts a replica prefills at once (default: 1; 0: no limit)",
+    )  # fmt: skip
     opts = ap.parse_args()
     for blocks in (int(b) for b in opts.cache_blocks.split(",")):
         seen: dict[str, list[dict[str, float]]] = {name: [] for name in MODES}
@@ -140,14 +167,16 @@ def main() -> None:
 def report(seen: dict[str, list[dict[str, float]]], opts: argparse.Namespace, blocks: int) -> None:
     print(
         f"\n{opts.conversations} conversations x {opts.turns} turns, 2 frontends, "
-        f"{blocks} cached blocks a replica ({blocks * opts.replicas} for one alone), {opts.rounds} "
+        f"{blocks} cached blocks a replica ({blocks * opts.replicas} for one alone), "
+        f"{opts.prefill_lanes or 'unlimited'} prefill lane(s), {opts.rounds} "
         "round(s): median [min-max] over rounds (turns after the first)\n"
     )
-    print("| mode | replicas | prefix-cache hit rate | TTFT p50 ms | TTFT p90 ms |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| mode | replicas | prefix-cache hit rate | TTFT p50 ms | TTFT p90 ms | ejections |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, runs in seen.items():
         cells = [spread([run[k] for run in runs], f) for k, f in
-                 (("hit rate", ".3f"), ("ttft p50 ms", ".1f"), ("ttft p90 ms", ".1f"))]  # fmt: skip
+                 (("hit rate", ".3f"), ("ttft p50 ms", ".1f"), ("ttft p90 ms", ".1f"),
+                  ("ejections", ".0f"))]  # fmt: skip
         replicas = 1 if MODES[name][0] else opts.replicas
         print(f"| {name} | {replicas} | " + " | ".join(cells) + " |")
     rounds = range(opts.rounds)
