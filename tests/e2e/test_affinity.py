@@ -1,6 +1,7 @@
 """Affinity by key across frontends that share nothing: two `bls serve` processes, three
 `bls worker` replicas, a session (a request field, or an HTTP header) always on the same
-replica from either frontend; a replica that dies moves only its own sessions."""
+replica from either frontend; a replica that dies moves only its own sessions, and one
+that joins at its address takes back only those."""
 
 from __future__ import annotations
 
@@ -83,6 +84,20 @@ def test_a_session_stays_on_one_replica_from_every_frontend(
         after = _pids(two)
         assert {s for s in SESSIONS if after[s] != first[s]} == moved  # only its own
         assert _pids(one) == after
+
+        # A replica joins at the dead one's address: it takes back the dead one's
+        # sessions, and only those, from both frontends.
+        back = start(["worker", WHOAMI, "--listen", dead.address])
+        workers.append(back)  # (the fixture stops it)
+        returned = {s: back.popen.pid if s in moved else pid for s, pid in first.items()}
+
+        def rejoined() -> bool:
+            try:
+                return _pids(one) == returned and _pids(two) == returned
+            except (httpx.HTTPError, KeyError):
+                return False
+
+        wait_for(rejoined, timeout=60, interval=0.2)
     finally:
         stop(one.popen)
         stop(two.popen)
