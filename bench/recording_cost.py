@@ -3,6 +3,7 @@ frontend's ASGI app driven in process, concurrency 16, recording against not.
 
     python bench/recording_cost.py [--requests 2000] [--rounds 40] [--scripts inline noop]
     python bench/recording_cost.py --instructions       (under valgrind: deterministic)
+    python bench/recording_cost.py --instructions --http (the same, `bls serve` over HTTP)
 
 ``bench/frontend.py --recording`` measures the same over real HTTP, where the load
 generator, the server and the record writer share this machine's two cores and the
@@ -15,7 +16,10 @@ CPU time over short rounds on a shared two-core VM still drifts by tens of perce
 round to round. ``--instructions`` counts instead: each side runs alone under valgrind's
 callgrind, at two numbers of requests, and the difference gives the instructions a
 request costs, the same from run to run within a few hundred (the writer process is
-not counted: it runs on the other core).
+not counted: it runs on the other core). With ``--http`` the counted process is a real
+``bls serve`` (Uvicorn, every stage in process) under callgrind, driven over HTTP by
+`bls bench -c 16` running natively: the whole request's instructions, HTTP included, so
+the ratio is recording's share of what the server spends on a request.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +39,7 @@ from typing import Any
 
 import anyio
 import msgspec
-from _procs import SERVING_APP, spread
+from _procs import BLS, SERVING_APP, spread
 
 from bls.record_writer import RecordWriter
 from bls.scriptfile import ScriptFile
@@ -126,6 +131,36 @@ def instructions(script: str, record: bool) -> float:
     return (counts[1] - counts[0]) / 2000
 
 
+def http_instructions(script: str, record: bool) -> float:
+    """Instructions a request costs ``bls serve`` over HTTP (500 requests against 2,500),
+    counted by callgrind in the server alone (not its record writer)."""
+    counts = []
+    for requests in (500, 2500):
+        with tempfile.TemporaryDirectory() as folder:
+            binds = [f"--bind={name}={SERVING_APP}:{fn}" for name, fn in BINDS.items()]
+            argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/out"]
+            argv += [sys.executable, BLS, "serve", SERVING_APP, "--port", "0", *binds]
+            argv += ["--no-access-log", "--log-level", "warning"]
+            argv += ["--record", folder] if record else []
+            server = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            try:
+                assert server.stdout is not None
+                url = next(line.split()[1] for line in server.stdout if line.startswith("ready "))
+                load = [BLS, "bench", url, "--entry", script, "-c", str(CONCURRENCY)]
+                load += ["-n", str(requests), "--input", BODY.decode(), "--json"]
+                subprocess.run(load, capture_output=True, check=True, timeout=600)
+                server.send_signal(signal.SIGTERM)
+                _, err = server.communicate(timeout=300)
+            finally:
+                if server.poll() is None:
+                    server.kill()
+                    server.wait()
+        counts.append(int(re.search(r"Collected : (\d+)", err).group(1)))  # type: ignore[union-attr]
+    return (counts[1] - counts[0]) / 2000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="a round's, each")
@@ -133,6 +168,9 @@ def main() -> None:
     parser.add_argument("--scripts", nargs="+", default=["inline", "noop"])
     parser.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
     parser.add_argument("--instructions", action="store_true", help="count, under valgrind")
+    parser.add_argument(
+        "--http", action="store_true", help="with --instructions: bls serve, over HTTP"
+    )
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # SCRIPT RECORD REQUESTS
     args = parser.parse_args()
     if args.one:
@@ -146,8 +184,9 @@ def main() -> None:
         os.environ["PYTHONHASHSEED"] = "0"  # (the same dicts each run)
         print("| script | plain instructions | recording instructions | difference | ratio |")
         print("| --- | --- | --- | --- | --- |")
+        count = http_instructions if args.http else instructions
         for script in args.scripts:
-            plain, recording = instructions(script, False), instructions(script, True)
+            plain, recording = count(script, False), count(script, True)
             print(
                 f"| {script} | {plain:,.0f} | {recording:,.0f} | {recording - plain:,.0f} "
                 f"| {recording / plain:.2f} |"
