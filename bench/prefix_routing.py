@@ -19,12 +19,15 @@ alone), so that a miss delays the turns behind it too; and they report the token
 cache held in each answer's ``usage``. The whole run is made once per cache size
 (``--cache-blocks``: blocks of 16 tokens a replica keeps; the one replica of the first
 mode keeps ``--replicas`` times as many, the memory of them all): a roomy one, where
-every replica holds every conversation it saw,
-and a full one (192 blocks), where each replica holds the blocks of half the
-conversations by their last turn but not those of all of them, as a real engine's KV
-cache is full under load. Each mode starts fresh workers and frontends; the modes take
-turns for ``--rounds`` rounds. Prints the prefix-cache hit rate (cached / prompt tokens,
-over every turn after a conversation's first) and time to first token of those turns,
+every replica holds every conversation it saw, and a full one (192 blocks), where each
+replica holds the blocks of half the conversations by their last turn but not those of
+all of them, as a real engine's KV cache is full under load. Each mode starts fresh
+workers and frontends; the modes take turns for ``--rounds`` rounds. The stage keeps its
+defaults but for ``--balance`` (affinity's bound) and each ``--policy`` line (both
+modes: ``--policy "eject = { slower = 0 }"`` turns ejection's lag rule off, as
+docs/policy.md advises with prefix affinity). Prints the prefix-cache hit rate (cached /
+prompt tokens, over every turn after a conversation's first), time to first token of
+those turns and the replicas ejected (the frontends' ``bls_stage_ejections_total``),
 median [min-max] over rounds, and the ratios the targets are stated in.
 """
 
