@@ -35,7 +35,7 @@ import logging
 import os
 import random
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import msgspec
@@ -81,7 +81,7 @@ class FakeOptions(msgspec.Struct, forbid_unknown_fields=True):
     prefill_ms: float = 0.0
     prefix_cache: int = 0
     block_tokens: int = 16
-    prefill_lanes: int = 0
+    prefill_lanes: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 _ids = itertools.count(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 import bls
@@ -112,3 +113,8 @@ async def test_with_one_prefill_lane_a_prompt_waits_for_the_one_before_it(lanes:
             tg.start_soon(ask, "short", 3)
     # Prefilled as if alone, the short prompt answers first; in one lane it waits its turn.
     assert first_seen == (["long", "short"] if lanes else ["short", "long"])
+
+
+def test_a_negative_number_of_prefill_lanes_is_refused() -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"prefill_lanes"):
+        msgspec.convert({"prefill_lanes": -1}, FakeOptions)
