@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -120,22 +121,34 @@ async def one(script: str, record: bool, requests: int, folder: str) -> None:
         )
 
 
-def instructions(script: str, record: bool) -> float:
-    """Instructions a request, counted by callgrind (500 requests against 2,500)."""
+def per_request(stderr_at: Callable[[int], str]) -> float:
+    """Instructions a request: callgrind's totals (from the stderr that ``stderr_at(n)``
+    gives for ``n`` requests) at 500 and 2,500 requests, their difference over 2,000."""
     counts = []
     for requests in (500, 2500):
-        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
-        argv += [__file__, "--one", script, str(int(record)), str(requests)]
-        run = subprocess.run(argv, capture_output=True, text=True, check=True)
-        counts.append(int(re.search(r"Collected : (\d+)", run.stderr).group(1)))  # type: ignore[union-attr]
+        found = re.search(r"Collected : (\d+)", stderr_at(requests))
+        if found is None:
+            raise RuntimeError("callgrind printed no total")
+        counts.append(int(found.group(1)))
     return (counts[1] - counts[0]) / 2000
 
 
+def instructions(script: str, record: bool) -> float:
+    """Instructions a request, the frontend's ASGI app driven in process."""
+
+    def stderr_at(requests: int) -> str:
+        argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
+        argv += [__file__, "--one", script, str(int(record)), str(requests)]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stderr
+
+    return per_request(stderr_at)
+
+
 def http_instructions(script: str, record: bool) -> float:
-    """Instructions a request costs ``bls serve`` over HTTP (500 requests against 2,500),
-    counted by callgrind in the server alone (not its record writer)."""
-    counts = []
-    for requests in (500, 2500):
+    """Instructions a request costs ``bls serve`` over HTTP, counted by callgrind in the
+    server alone (not its record writer)."""
+
+    def stderr_at(requests: int) -> str:
         with tempfile.TemporaryDirectory() as folder:
             binds = [f"--bind={name}={SERVING_APP}:{fn}" for name, fn in BINDS.items()]
             argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/out"]
@@ -152,13 +165,13 @@ def http_instructions(script: str, record: bool) -> float:
                 load += ["-n", str(requests), "--input", BODY.decode(), "--json"]
                 subprocess.run(load, capture_output=True, check=True, timeout=600)
                 server.send_signal(signal.SIGTERM)
-                _, err = server.communicate(timeout=300)
+                return server.communicate(timeout=300)[1]
             finally:
                 if server.poll() is None:
                     server.kill()
                     server.wait()
-        counts.append(int(re.search(r"Collected : (\d+)", err).group(1)))  # type: ignore[union-attr]
-    return (counts[1] - counts[0]) / 2000
+
+    return per_request(stderr_at)
 
 
 def main() -> None:
