@@ -33,7 +33,7 @@ from .console import UsageError
 from .loadchat import Conversations
 from .loadconn import LoadConnection
 
-__all__ = ["BenchError", "Result", "Sample", "run_bench"]
+__all__ = ["BenchError", "Result", "Sample", "input_json", "run_bench"]
 
 
 PROBE = 20  # answers looked at before going on: all the same client error stops the run
@@ -240,11 +240,16 @@ def _place(url: str) -> tuple[tuple[object, ...], int, str, ssl.SSLContext | Non
     return address, family, parts.hostname, tls
 
 
-def _chat_body(body: bytes) -> dict[str, Any]:
+def input_json(body: bytes) -> Any:
+    """The request body (``--input``) decoded; :class:`BenchError` when it is not JSON."""
     try:
-        decoded = json.loads(body)
+        return json.loads(body)
     except ValueError as exc:
         raise BenchError(f"--input is not JSON: {exc}") from None
+
+
+def _chat_body(body: bytes) -> dict[str, Any]:
+    decoded = input_json(body)
     if not isinstance(decoded, dict):
         raise BenchError("--turns needs a chat request (a JSON object) as --input")
     return decoded

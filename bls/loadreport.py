@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .console import emit, read_input
-from .loadgen import BenchError, Result, run_bench
+from .loadgen import BenchError, Result, input_json, run_bench
 
 __all__ = ["main", "plot", "table"]
 
@@ -100,10 +100,7 @@ def _request(args: Any) -> tuple[str, bytes]:
     if args.turns is not None and not args.chat:
         raise BenchError("--turns holds chat conversations: give --chat with it")
     body = read_input(args.input)
-    try:
-        decoded = json.loads(body)
-    except ValueError as exc:
-        raise BenchError(f"--input is not JSON: {exc}") from None
+    decoded = input_json(body)
     if args.chat and args.stream and isinstance(decoded, dict):
         decoded["stream"] = True
         body = json.dumps(decoded).encode()
