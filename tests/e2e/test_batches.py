@@ -83,8 +83,18 @@ def outputs(server: Proc, file_id: str | None) -> dict[str, dict[str, Any]]:
     return {row["custom_id"]: row for row in rows}
 
 
-def serves_on(server: Proc) -> None:
-    """A chat request after the batch is answered as before: the server serves on."""
+# Two quick lines, then eight slow ones (a minute each, four at a time): a batch that a
+# cancel or its window ends while four of them run.
+QUICK_THEN_SLOW = ("0", "1", *(f"{n} 60" for n in range(2, 10)))
+
+
+def kept_the_quick_and_stopped_the_running(server: Proc, batch: Any, log: Path) -> None:
+    """A batch of QUICK_THEN_SLOW that ended early: its two quick lines are its output,
+    the four lines it was running were cancelled at the worker (``log``: its calls), and
+    the server serves on (a chat request after it is answered as before)."""
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
+    assert sorted(outputs(server, batch.output_file_id)) == ["req-0", "req-1"]
+    wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(log)) == 4, timeout=10)
     answer = client(server).chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "7"}]
     )
@@ -198,17 +208,14 @@ def test_a_cancelled_batch_stops_its_calls_and_keeps_what_it_answered(
 ) -> None:
     server = serve(worker, store, config)
     try:
-        # Two quick lines, then slow ones (four at a time): cancelled while they run.
-        batch_id = submit(server, jsonl("0", "1", *(f"{n} 60" for n in range(2, 10))))
+        # Cancelled while its slow lines run.
+        batch_id = submit(server, jsonl(*QUICK_THEN_SLOW))
         wait_for(lambda: sum(ln.startswith("start") for ln in lines(calls)) >= 6, timeout=30)
         cancelled = client(server).batches.cancel(batch_id)
         assert cancelled.status in ("cancelling", "cancelled")
         batch = finished(server, batch_id)
         assert batch.status == "cancelled"
-        assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
-        assert sorted(outputs(server, batch.output_file_id)) == ["req-0", "req-1"]
-        wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(calls)) == 4, timeout=10)
-        serves_on(server)
+        kept_the_quick_and_stopped_the_running(server, batch, calls)
     finally:
         drain([server])
 
@@ -222,20 +229,16 @@ def test_a_batch_past_its_window_expires_and_its_unanswered_lines_are_errors(
     config.write_text(config.read_text() + "batch_window_s = 4\n")
     server = serve(worker, store, config)
     try:
-        # Two quick lines, then slow ones (four at a time) that the window cuts short.
-        batch_id = submit(server, jsonl("0", "1", *(f"{n} 60" for n in range(2, 10))))
+        # Its slow lines are cut short by the window.
+        batch_id = submit(server, jsonl(*QUICK_THEN_SLOW))
         batch = finished(server, batch_id, timeout=30)
         assert batch.status == "expired" and batch.expired_at is not None
         assert batch.expires_at == batch.created_at + 4
-        assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 0)
-        assert sorted(outputs(server, batch.output_file_id)) == ["req-0", "req-1"]
         expired = outputs(server, batch.error_file_id)
         assert sorted(expired) == sorted(f"req-{n}" for n in range(2, 10))
         assert all(row["response"] is None for row in expired.values())
         assert {row["error"]["code"] for row in expired.values()} == {"batch_expired"}
-        # The four lines running at the expiry were cancelled at the worker.
-        wait_for(lambda: sum(ln.startswith("cancel") for ln in lines(calls)) == 4, timeout=10)
-        serves_on(server)
+        kept_the_quick_and_stopped_the_running(server, batch, calls)
     finally:
         drain([server])
 
