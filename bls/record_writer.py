@@ -2,10 +2,11 @@
 appended to a segment file (:mod:`bls.segments`: ``DIR/records-*.blsseg``, named by
 request id), written by a process of its own.
 
-Writing costs CPU, and none of it is spent in the serving process or holds its
-interpreter lock: the request's path only encodes the record and queues it; a task pipes
-what is queued to the writer process (:func:`write_segments`) in batches. Recording
-never holds up or stops serving:
+Writing costs CPU, and as little of it as can be is spent in the serving process or
+holds its interpreter lock: the request's path only encodes the record into the waiting
+batch and notes its name and where it ends; a task pipes what is queued to the writer
+process (:func:`write_segments`) in batches, which frames each record as a segment frames
+it and appends the batch. Recording never holds up or stops serving:
 
 - at most ``backlog_bytes`` of records wait for the writer (a stalled or slow disk, a
   stopped writer); past that a record is dropped, logged and counted;
@@ -21,10 +22,11 @@ never holds up or stops serving:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
+import operator
 import os
-import re
 import struct
 import sys
 import tempfile
@@ -32,9 +34,10 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import msgspec
 
 from .recording import Record, Recorder, dump_into
-from .segments import FRAME, Segment, whole_frames
+from .segments import FRAME, Segment
 
 __all__ = ["BACKLOG_BYTES", "BATCH", "RecordWriter", "write_segments"]
 
@@ -42,18 +45,18 @@ log = logging.getLogger("bls")
 
 BACKLOG_BYTES = 64 * 1024 * 1024  # records waiting for the writer, at most
 _READ_BYTES = 1 << 20  # what the writer reads of its pipe at once, at most
-# What the server sends its writer: batches, each this header (how many records, how many
-# bytes), then the records, framed as a segment frames them (bls.segments.FRAME).
-BATCH = struct.Struct("<IQ")
+# What the server sends its writer: batches, each this header (the index's bytes, the
+# records' bytes), then the index (msgpack: a [name, end] for each record, its request's
+# id and where it ends in the records), then the records (msgpack Records, one after
+# another). The writer frames them (bls.segments.FRAME): none of that on a request's path.
+BATCH = struct.Struct("<QQ")
 _BATCH_BYTES = 4 * 1024 * 1024  # sent to the writer in one write, at most (one record more)
 _GATHER_BYTES = _BATCH_BYTES // 4  # this much waiting goes without gathering more
 _RESTART_S = 1.0  # between a writer's death and its replacement
 # Records wait this long to go to the writer with those that follow: a pipe write and a
 # wake-up a batch, not a record (and the writer writes a batch in one write too).
 _GATHER_S = 0.005
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # what a record's name may not hold (made "_")
-_SAFE = re.compile(r"[A-Za-z0-9._-]{1,128}")  # a name kept as it is
-_NO_FRAME = bytes(FRAME.size)  # a frame's room, filled in once the record's length is known
+_END = operator.itemgetter(1)  # of an index entry (name, end)
 
 
 class RecordWriter:
@@ -83,10 +86,11 @@ class RecordWriter:
         self.finish_s = finish_s
         self.dropped = 0
         self.lost = 0
-        # Records waiting to be sent, framed one after another, and how many; the
-        # bytes of the batch being sent (they count towards the backlog until sent).
+        # Records waiting to be sent, one after another, and their index: each one's
+        # name and where it ends in _pending; the bytes of the batch being sent (they
+        # count towards the backlog until sent).
         self._pending = bytearray()
-        self._pending_count = 0
+        self._index: list[tuple[str, int]] = []
         self._sending = 0
         self._wake = anyio.Event()
         self._idle = False  # the feeding task waits on _wake for a record
@@ -109,23 +113,18 @@ class RecordWriter:
         return sum(w.failed for w in self._writers)
 
     def write(self, name: str, record: Record) -> None:
-        """Queue ``record`` to be written under ``name`` (never waits; drops it when the
-        backlog is full). (On every recorded request's path: kept to the least work. The
-        record is encoded straight into the waiting batch, its frame filled in after.)"""
-        # (An id bls made is safe as it is: checking costs less than substituting.)
-        safe = (name if _SAFE.fullmatch(name) else _UNSAFE.sub("_", name)[:128]).encode()
+        """Queue ``record`` to be written under ``name``, its request's id (never waits;
+        drops it when the backlog is full). (On every recorded request's path: kept to
+        the least work. The record is encoded straight into the waiting batch; the
+        writer process frames it.)"""
         pending = self._pending
         at = len(pending)
-        pending += _NO_FRAME
-        pending += safe
         dump_into(record, pending)
-        size = len(pending) - at
         if self._closing or len(pending) + self._sending > self.backlog_bytes:
             del pending[at:]
             self._drop()
             return
-        FRAME.pack_into(pending, at, len(safe), size - FRAME.size - len(safe))
-        self._pending_count += 1
+        self._index.append((name, len(pending)))
         if self._idle:  # (the feeding task waits for a record: wake it, once)
             self._idle = False
             self._wake.set()
@@ -158,8 +157,8 @@ class RecordWriter:
             log.warning("recording: the writer did not finish in %gs; stopping it", self.finish_s)
         self._tg.cancel_scope.cancel()
         await self._stack.aclose()
-        self.lost += self._pending_count
-        self._pending, self._pending_count = bytearray(), 0
+        self.lost += len(self._index)
+        self._pending, self._index = bytearray(), []
 
     # -- the task that feeds the writer processes ------------------------------------------
 
@@ -214,10 +213,10 @@ class RecordWriter:
                     continue
                 if not self._closing and len(self._pending) < _GATHER_BYTES:
                     await anyio.sleep(_GATHER_S)
-                batch, count = self._batch()
+                batch, index = self._batch()
                 self._sending = len(batch)
-                writer.handed += count
-                await writer.send(batch, count)
+                writer.handed += len(index)
+                await writer.send(batch, index)
                 self._sending = 0
             await writer.finish()
             return True
@@ -231,25 +230,20 @@ class RecordWriter:
             )
             return False
 
-    def _batch(self) -> tuple[bytearray, int]:
-        """What is waiting, for one write, and how many records it holds: all of it, or
-        (after a stall let more gather) the first whole records up to the batch's size,
+    def _batch(self) -> tuple[bytearray, list[tuple[str, int]]]:
+        """What is waiting, for one write, and its index: all of it, or (after a stall
+        let more gather) the first whole records up to the batch's size (one at least),
         so that a write, and what the writer holds, stays within it."""
-        pending, count = self._pending, self._pending_count
+        pending, index = self._pending, self._index
         if len(pending) <= _BATCH_BYTES:
-            self._pending, self._pending_count = bytearray(), 0
-            return pending, count
-        cut = taken = 0
-        while cut < len(pending):
-            name_len, data_len = FRAME.unpack_from(pending, cut)
-            end = cut + FRAME.size + name_len + data_len
-            if taken and end > _BATCH_BYTES:
-                break
-            cut, taken = end, taken + 1
+            self._pending, self._index = bytearray(), []
+            return pending, index
+        taken = max(1, bisect.bisect_right(index, _BATCH_BYTES, key=_END))
+        cut = index[taken - 1][1]
         batch = pending[:cut]
         del pending[:cut]
-        self._pending_count -= taken
-        return batch, taken
+        self._index = [(name, end - cut) for name, end in index[taken:]]
+        return batch, index[:taken]
 
 
 class _Writer:
@@ -277,10 +271,12 @@ class _Writer:
         process = await anyio.open_process(argv, stderr=None, start_new_session=True)
         return cls(process)
 
-    async def send(self, batch: bytearray, count: int) -> None:
-        """``count`` records, framed in ``batch``, as one :data:`BATCH`."""
+    async def send(self, batch: bytearray, index: list[tuple[str, int]]) -> None:
+        """The records in ``batch`` (``index``: each one's name and end), as one
+        :data:`BATCH`."""
         assert self.process.stdin is not None
-        await self.process.stdin.send(b"".join((BATCH.pack(count, len(batch)), batch)))
+        head = _index_bytes(index)
+        await self.process.stdin.send(b"".join((BATCH.pack(len(head), len(batch)), head, batch)))
 
     async def finish(self) -> None:
         """Close its input; wait for it to write what it was sent, exit and report."""
@@ -344,12 +340,36 @@ def _check_writable(folder: Path) -> None:
         raise OSError(f"--record {folder}: cannot write records there: {why}") from None
 
 
+def _index_bytes(index: list[tuple[str, int]]) -> bytes:
+    """A batch's index, in msgpack; a name that is not text (a lone surrogate: not an id
+    the frontend makes) with what cannot be encoded replaced."""
+    try:
+        return msgspec.msgpack.encode(index)
+    except UnicodeEncodeError:
+        return msgspec.msgpack.encode(
+            [(name.encode(errors="replace").decode(), end) for name, end in index]
+        )
+
+
+def _frames(index: bytes, records: bytes) -> list[tuple[str, bytes]]:
+    """A batch's records, each framed as a segment frames it, with its name."""
+    frames = []
+    start = 0
+    for name, end in msgspec.msgpack.decode(index, type=list[tuple[str, int]]):
+        key = name.encode()
+        frames.append(
+            (name, b"".join((FRAME.pack(len(key), end - start), key, records[start:end])))
+        )
+        start = end
+    return frames
+
+
 def write_segments(folder: str | Path) -> int:
-    """The writer process: each batch of records on stdin (:data:`BATCH`, then the
-    records framed as a segment frames them) appended to a segment in ``folder``, until
-    stdin ends; after each batch, ``WRITTEN FAILED`` on stdout. Returns how many it
-    wrote. A batch is appended in one write, its records never looked at one by one;
-    when that fails, they are, so that one the disk cannot hold fails alone."""
+    """The writer process: each batch of records on stdin (:data:`BATCH`) framed and
+    appended to a segment in ``folder``, until stdin ends; after each batch, ``WRITTEN
+    FAILED`` on stdout. Returns how many it wrote. A batch is appended in one write; when
+    that fails, its records are appended one by one, so that one the disk cannot hold
+    fails alone."""
     segment = Segment(Path(folder))
     source = sys.stdin.fileno()
     counts = sys.stdout.buffer
@@ -359,24 +379,23 @@ def write_segments(folder: str | Path) -> int:
             head = _read_exactly(source, BATCH.size)
             if head is None:
                 return written
-            count, size = BATCH.unpack(head)
-            data = _read_exactly(source, size)
-            if data is None:
+            index_size, size = BATCH.unpack(head)
+            index, data = _read_exactly(source, index_size), _read_exactly(source, size)
+            if index is None or data is None:
                 return written  # (a batch cut short by the server stopping is dropped)
+            frames = _frames(index, data)
             try:
-                segment.append(data)
-                written += count
+                segment.append(b"".join(frame for _, frame in frames))
+                written += len(frames)
             except OSError:
-                for frame in whole_frames(data)[0]:
+                for name, frame in frames:
                     try:
                         segment.append(frame)
                         written += 1
                     except OSError as exc:
                         failed += 1
-                        name = frame[FRAME.size : FRAME.size + FRAME.unpack_from(frame)[0]]
-                        what = name.decode(errors="replace")
                         print(
-                            f"bls: recording: cannot write {what}'s record: {exc}", file=sys.stderr
+                            f"bls: recording: cannot write {name}'s record: {exc}", file=sys.stderr
                         )
             try:
                 counts.write(b"%d %d\n" % (written, failed))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .recording import Record, RecordError, load
 
-__all__ = ["MAGIC", "SEGMENT_BYTES", "SUFFIX", "Segment", "find", "records_in", "whole_frames"]
+__all__ = ["MAGIC", "SEGMENT_BYTES", "SUFFIX", "Segment", "find", "records_in"]
 
 MAGIC = b"BLSSEG1\n"
 SUFFIX = ".blsseg"
@@ -89,21 +89,6 @@ def _write_all(fd: int, data: bytes) -> None:
         if not done:  # (a regular file takes something, or fails)
             raise OSError(errno.EIO, "the file took none of a write")
         view = view[done:]
-
-
-def whole_frames(data: bytes) -> tuple[list[bytes], bytes]:
-    """The whole frames (:data:`FRAME`, name, record) at the start of ``data``, and what
-    is left of it (the start of one still arriving)."""
-    frames = []
-    at = 0
-    while len(data) - at >= FRAME.size:
-        name_len, data_len = FRAME.unpack_from(data, at)
-        end = at + FRAME.size + name_len + data_len
-        if end > len(data):
-            break
-        frames.append(data[at:end])
-        at = end
-    return frames, data[at:]
 
 
 def records_in(path: str | Path) -> Iterator[tuple[str, bytes]]:

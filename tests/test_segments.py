@@ -74,9 +74,11 @@ async def test_records_gathered_past_a_batch_go_in_bounded_batches_all_written(
     sent: list[tuple[int, int]] = []  # (bytes, records) of each batch the writer got
     send = record_writer._Writer.send
 
-    async def counted(self: record_writer._Writer, batch: bytearray, count: int) -> None:
-        sent.append((len(batch), count))
-        await send(self, batch, count)
+    async def counted(
+        self: record_writer._Writer, batch: bytearray, index: list[tuple[str, int]]
+    ) -> None:
+        sent.append((len(batch), len(index)))
+        await send(self, batch, index)
 
     monkeypatch.setattr(record_writer._Writer, "send", counted)
     writer = RecordWriter(tmp_path, "s.py")
@@ -90,3 +92,22 @@ async def test_records_gathered_past_a_batch_go_in_bounded_batches_all_written(
     assert len(sent) >= 3 and sum(count for _, count in sent) == 100
     assert all(size <= record_writer._BATCH_BYTES for size, _ in sent)
     assert names_in(tmp_path) == [f"r{n}" for n in range(100)]
+
+
+@pytest.mark.anyio
+async def test_a_record_is_found_by_the_id_its_client_gave_as_given(tmp_path: Path) -> None:
+    # Any printable X-Request-Id is kept as it is (a segment's names are not file names):
+    # `bls replay DIR --id ID` finds it by what the client sent and the answer echoed.
+    ids = ["order:42/a b", "r-1.x_2", "ünïcode", "x" * 128]
+    async with RecordWriter(tmp_path, "s.py") as writer:
+        for rid in ids:
+            writer.write(rid, record(f"e-{rid}"))
+    assert writer.written == len(ids) and writer.lost == writer.dropped == 0
+    assert names_in(tmp_path) == ids
+    assert [find(tmp_path, rid).entry for rid in ids] == [f"e-{rid}" for rid in ids]
+    # A name that is not text (no id the frontend makes) is written, what cannot be
+    # encoded replaced, with the batch it came in.
+    async with RecordWriter(tmp_path / "odd", "s.py") as writer:
+        writer.write("a\udc80b", record("odd"))
+        writer.write("fine", record("fine"))
+    assert writer.written == 2 and names_in(tmp_path / "odd") == ["a?b", "fine"]

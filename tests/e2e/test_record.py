@@ -91,7 +91,10 @@ def test_bls_serve_records_each_request_and_each_replays(backend: str, tmp_path:
     records = tmp_path / "records"
     with serving(SERVED, "--record", str(records), backend=backend) as server:
         with httpx.Client(base_url=server.address, timeout=30) as http:
-            greeted = http.post("/v1/scripts/greet", json={"text": "you"})
+            # (an id of the client's own, kept as given: replayed by it below)
+            greeted = http.post(
+                "/v1/scripts/greet", json={"text": "you"}, headers={"x-request-id": "greet:1/a b"}
+            )
             counted = http.post(
                 "/v1/scripts/count", json={"text": "x", "n": 3},
                 headers={"accept": "application/x-ndjson"},
@@ -105,7 +108,7 @@ def test_bls_serve_records_each_request_and_each_replays(backend: str, tmp_path:
     assert len(segments) == 1 and list(records.glob("*.blsrec")) == [], server.log()
     ids = [name for name, _ in records_in(segments[0])]
     answered = [r.headers["x-request-id"] for r in (greeted, counted, failed)]
-    assert ids == answered
+    assert ids == answered and ids[0] == "greet:1/a b"
     assert f"recorded 3 request(s) in {records}" in server.log()
 
     replayed = {
