@@ -15,7 +15,6 @@ that keeps one.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -145,7 +144,7 @@ class Recorder:
     __slots__ = ("_t0", "record", "resume")
 
     def __init__(self, script: str | Path) -> None:
-        name, path = _where(script)
+        name, path = _places.get(script) or _where(script)
         self.record = Record(bls=__version__, script=name, path=path, entry="", started=time.time())
         self._t0 = _clock()
         # A recovered background run's journal, which answers the calls it finished
@@ -171,26 +170,40 @@ class Recorder:
     # its stage calls
 
     def call(
-        self, stage: str, streaming: bool, req: Any, result_type: Any = Any, seq: int | None = None
+        self,
+        stage: str,
+        streaming: bool,
+        req: Any,
+        result_ref: TypeRef | None = None,
+        seq: int | None = None,
     ) -> RecordedCall:
-        """A stage call begins: the request the script passed, and ``result_type``, what
-        the binding converts its result (items) to. (``seq``: the number a journal gives
-        it, :class:`bls.resume.JournalRecorder`'s; a record numbers calls as they come.)"""
-        call = self.new_call(stage, streaming, req, result_type)
+        """A stage call begins: the request the script passed, and ``result_ref``, the
+        type the binding converts its result (items) to, by name (:func:`ref_of`; None:
+        the wire's builtins). (``seq``: the number a journal gives it,
+        :class:`bls.resume.JournalRecorder`'s; a record numbers calls as they come.)"""
+        call = self.new_call(stage, streaming, req, result_ref)
         self.record.calls.append(call)
         return call
 
-    def new_call(self, stage: str, streaming: bool, req: Any, result_type: Any) -> RecordedCall:
+    def new_call(
+        self, stage: str, streaming: bool, req: Any, result_ref: TypeRef | None
+    ) -> RecordedCall:
         return RecordedCall(
             stage=stage,
             streaming=streaming,
             request=_encode(req),
             start=_clock() - self._t0,
-            result_type=ref_of(result_type),
+            result_type=result_ref,
         )
 
     def item(self, call: RecordedCall, value: Any) -> None:
         call.items.append(_encode(value))
+
+    def result(self, call: RecordedCall, value: Any) -> None:
+        """A unary call's result: :meth:`item`, then :meth:`ended` (in one call: this
+        runs on every recorded call's path)."""
+        call.items.append(_encode(value))
+        call.end = _clock() - self._t0
 
     def ended(self, call: RecordedCall, exc: BaseException | None = None) -> None:
         call.end = _clock() - self._t0
@@ -210,17 +223,29 @@ class Recorder:
         """Until ``call`` (begun, or ``done``) is saved: at once here."""
 
 
-@functools.lru_cache(maxsize=64)
+_places: dict[str | Path, tuple[str, str]] = {}  # _where's, for 64 scripts at most
+
+
 def _where(script: str | Path) -> tuple[str, str]:
-    """A script's file name and absolute path (resolved once, not on every request)."""
+    """A script's file name and absolute path (resolved once, not on every request:
+    :class:`Recorder` looks in ``_places`` first)."""
+    if len(_places) >= 64:
+        _places.clear()
     path = Path(script)
-    return path.name, str(path.resolve())
+    place = _places[script] = path.name, str(path.resolve())
+    return place
 
 
 class RecordingBinding(Wrapper):
     """``inner``, with every call noted in the request's :class:`Recorder` (when the
     request keeps one: ``ctx.record``); a call a recovered run finished before is
     answered from its journal instead (:class:`bls.resume.Resume`)."""
+
+    result_ref: TypeRef | None = None  # result_type by name, for the record (ref_of)
+
+    def expect(self, tp: Any) -> None:
+        super().expect(tp)
+        self.result_ref = ref_of(tp)
 
     async def invoke(self, req: Any, ctx: CallContext = NO_CONTEXT) -> Any:
         recorder: Recorder | None = ctx.record
@@ -234,7 +259,7 @@ class RecordingBinding(Wrapper):
                     await taken.fail(recorder.resume)
                 return taken.value(0, self.result_type, recorder.resume)
             seq = None if taken is None else taken.seq
-        call = recorder.call(self.name, False, req, self.result_type, seq)
+        call = recorder.call(self.name, False, req, self.result_ref, seq)
         if recorder.durable:
             await recorder.saved(call, done=False)
         try:
@@ -244,8 +269,7 @@ class RecordingBinding(Wrapper):
             if recorder.durable:
                 await _saved_end(recorder, call)
             raise
-        recorder.item(call, result)
-        recorder.ended(call)
+        recorder.result(call, result)
         if recorder.durable:
             await _saved_end(recorder, call)
         return result
@@ -274,7 +298,7 @@ async def _recorded(
             return
         seq = None if taken is None else taken.seq
     inner = binding.inner
-    call = recorder.call(inner.name, True, req, inner.result_type, seq)
+    call = recorder.call(inner.name, True, req, binding.result_ref, seq)
     if recorder.durable:
         await recorder.saved(call, done=False)
     items = inner.stream(req, ctx)

@@ -31,6 +31,7 @@ from .errors import ErrorKind, StageError
 from .journal import Journal
 from .recording import RecordedCall, Recorder, encode_value
 from .replay import Divergence, difference, recorded_failure, recorded_value
+from .typenames import TypeRef
 
 __all__ = ["JournalRecorder", "Resume", "Taken"]
 
@@ -141,9 +142,14 @@ class JournalRecorder(Recorder):
     durable = True
 
     def call(
-        self, stage: str, streaming: bool, req: Any, result_type: Any = Any, seq: int | None = None
+        self,
+        stage: str,
+        streaming: bool,
+        req: Any,
+        result_ref: TypeRef | None = None,
+        seq: int | None = None,
     ) -> RecordedCall:
-        call = self.new_call(stage, streaming, req, result_type)
+        call = self.new_call(stage, streaming, req, result_ref)
         if seq is None:
             seq, self._next = self._next, self._next + 1
         self._seqs[id(call)] = seq
