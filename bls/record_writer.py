@@ -88,7 +88,8 @@ class RecordWriter:
         self.lost = 0
         # Records waiting to be sent, one after another, and their index: each one's
         # name and where it ends in _pending; the bytes of the batch being sent (they
-        # count towards the backlog until sent).
+        # count towards the backlog until sent). (The backlog counts records' bytes;
+        # a name is a request's id, at most 128 characters: bls.serve.intake.request_id.)
         self._pending = bytearray()
         self._index: list[tuple[str, int]] = []
         self._sending = 0
