@@ -92,7 +92,9 @@ def main() -> None:
         "--entries",
         nargs="+",
         default=["noop", "inline", "remote"],
-        help="scripts to measure: noop (no stage), inline (one stage in process), remote",
+        help="scripts to measure: noop (no stage), inline (one stage in process), remote; "
+        "spin4 and spin8 (inline, with 4 or 8 µs of CPU more: what a fixed cost added to a "
+        "request costs the server)",
     )
     parser.add_argument("--levels", type=int, nargs="+", help="concurrencies")
     parser.add_argument("--wrk", action="store_true", help="drive the load with wrk (installed)")

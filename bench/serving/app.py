@@ -1,7 +1,7 @@
 """What bench/frontend.py, bench/streams.py and bench/background_runs.py serve: a no-op
-script, a one-stage script (the stage inline, or remote), three remote calls in turn, a
-slow stream through an inline stage, and the floor — bare Starlette routes doing the same
-work on the same server (Uvicorn + httptools).
+script, a one-stage script (the stage inline, or remote; inline with 4 or 8 µs of CPU
+more), three remote calls in turn, a slow stream through an inline stage, and the floor —
+bare Starlette routes doing the same work on the same server (Uvicorn + httptools).
 
     bls serve bench/serving/app.py --bind echo=tcp://... --bind local=bench/serving/app.py:echo \
         --bind tick=bench/serving/app.py:tick
@@ -14,6 +14,7 @@ work on the same server (Uvicorn + httptools).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import anyio
@@ -39,6 +40,28 @@ async def noop(req: Ping) -> Ping:
 @bls.script
 async def inline(req: Ping) -> Ping:
     """One stage call, the stage in process."""
+    return await stage("local", req)
+
+
+def spin(seconds: float) -> None:
+    """Spend ``seconds`` of CPU: what a fixed cost added to each request (recording's, say)
+    costs the server over HTTP (`bench/frontend.py --entries inline spin4 spin8`)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@bls.script
+async def spin4(req: Ping) -> Ping:
+    """``inline``, with 4 µs of CPU more."""
+    spin(4e-6)
+    return await stage("local", req)
+
+
+@bls.script
+async def spin8(req: Ping) -> Ping:
+    """``inline``, with 8 µs of CPU more."""
+    spin(8e-6)
     return await stage("local", req)
 
 
@@ -109,6 +132,13 @@ def floor(address: str, trio_guest: bool = False) -> None:
         result = await (echo(req) if guest is None else guest.call(echo, req))
         return Response(msgspec.json.encode(result), media_type="application/json")
 
+    def spun(seconds: float):  # type: ignore[no-untyped-def]
+        async def spin_route(request: Request) -> Response:
+            spin(seconds)
+            return await inline_route(request)
+
+        return spin_route
+
     async def remote_route(request: Request) -> Response:
         req = msgspec.json.decode(await request.body(), type=Ping)
         result = await runtime.call("echo", req)
@@ -136,6 +166,8 @@ def floor(address: str, trio_guest: bool = False) -> None:
         routes=[
             Route("/v1/scripts/noop", noop_route, methods=["POST"]),
             Route("/v1/scripts/inline", inline_route, methods=["POST"]),
+            Route("/v1/scripts/spin4", spun(4e-6), methods=["POST"]),
+            Route("/v1/scripts/spin8", spun(8e-6), methods=["POST"]),
             Route("/v1/scripts/remote", remote_route, methods=["POST"]),
             Route("/v1/scripts/ticks", ticks_route, methods=["POST"]),
         ],
