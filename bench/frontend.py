@@ -129,19 +129,23 @@ def main() -> None:
                 address, "--backend", args.backend, "--max-inflight", "1024", "--record", records
             )
             procs.append(server)
-            what = f"bls serve --record ({args.backend}) vs bls serve (the floor)"
+            what = f"bls serve --record ({args.backend}) vs bls serve"
         else:
             floor, floor_url = spawn([sys.executable, SERVING_APP, address])
             procs.append(floor)
             what = f"bls serve ({args.backend}) vs bare Starlette on Uvicorn"
 
+        # (the columns named as the docs' tables name them: floor and bls, or, with
+        # --recording, plain and recording)
+        base, contender = ("plain", "recording") if args.recording else ("floor", "bls")
         print(
             f"{what}, {seconds:g} s each{' under wrk' if args.wrk else ''}, "
-            f"{args.rounds} round(s); bls / floor per round: median [min-max]\n"
+            f"{args.rounds} round(s); {contender} / {base} per round: median [min-max]\n"
         )
         print(
-            "| script | concurrency | floor req/s | bls req/s | throughput ratio "
-            "| floor / bls p50 ms | server CPU µs/request floor / bls | CPU ratio |"
+            f"| script | concurrency | {base} req/s | {contender} req/s | throughput ratio "
+            f"| {base} / {contender} p50 ms | server CPU µs/request {base} / {contender} "
+            "| CPU ratio |"
         )
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for entry in args.entries:
