@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 
@@ -132,7 +132,7 @@ def floor(address: str, trio_guest: bool = False) -> None:
         result = await (echo(req) if guest is None else guest.call(echo, req))
         return Response(msgspec.json.encode(result), media_type="application/json")
 
-    def spun(seconds: float):  # type: ignore[no-untyped-def]
+    def spun(seconds: float) -> Callable[[Request], Awaitable[Response]]:
         async def spin_route(request: Request) -> Response:
             spin(seconds)
             return await inline_route(request)
