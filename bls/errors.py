@@ -21,6 +21,20 @@ __all__ = ["DeadlineExceeded", "ErrorKind", "InvalidRequest", "StageError", "Sta
 _REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
+def encodable(text: str) -> str:
+    """``text``, with any lone surrogate in it written as its escape (``\\udc80``): what
+    Python makes of bytes that are not UTF-8 (a file name, say), and what no UTF-8
+    encoder takes, so that an error saying so could be neither answered, sent by a
+    worker nor recorded. (Every error's text passes here: ASCII at once.)"""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
+
+
 class ErrorKind(enum.StrEnum):
     """The kinds of :class:`StageError` bls itself raises, one named set (each is the
     string it compares equal to, as a frame carries it; a worker's own exception has its
@@ -75,7 +89,9 @@ class StageError(Exception):
         message: str,
         remote_traceback: str | None = None,
     ) -> None:
-        message = _REPR.sub("", message)  # no <_io.BytesIO object at 0x7f...> in answers
+        message = encodable(_REPR.sub("", message))  # no <_io.BytesIO object at 0x7f...>
+        if remote_traceback is not None:
+            remote_traceback = encodable(remote_traceback)
         super().__init__(stage, kind, message, remote_traceback)
         self.stage = stage
         self.kind = kind

@@ -10,6 +10,8 @@ it and appends the batch. Recording never holds up or stops serving:
 
 - at most ``backlog_bytes`` of records wait for the writer (a stalled or slow disk, a
   stopped writer); past that a record is dropped, logged and counted;
+- a record that cannot be encoded (a value no encoder takes) is logged and counted as
+  failed, the request's answer untouched;
 - a writer process that dies (killed, out of memory) is logged and replaced; the records
   it was sent and had not written are counted as lost;
 - leaving (after the server's drain) sends what is queued and waits for the writer to
@@ -68,7 +70,8 @@ class RecordWriter:
     (OSError saying why, before anything starts). Counts: :attr:`written` (files the
     writer reports written), :attr:`dropped` (never sent: the backlog was full),
     :attr:`lost` (sent to a writer that died or was stopped before writing them),
-    :attr:`failed` (the writer could not write them: the disk is full, say)."""
+    :attr:`failed` (the writer could not write them: the disk is full, say; or they
+    could not be encoded)."""
 
     def __init__(
         self,
@@ -92,6 +95,7 @@ class RecordWriter:
         # a name is a request's id, at most 128 characters: bls.serve.intake.request_id.)
         self._pending = bytearray()
         self._index: list[tuple[str, int]] = []
+        self._unencodable = 0  # records that could not be encoded (counted as failed)
         self._sending = 0
         self._wake = anyio.Event()
         self._idle = False  # the feeding task waits on _wake for a record
@@ -111,7 +115,7 @@ class RecordWriter:
 
     @property
     def failed(self) -> int:
-        return sum(w.failed for w in self._writers)
+        return sum(w.failed for w in self._writers) + self._unencodable
 
     def write(self, name: str, record: Record) -> None:
         """Queue ``record`` to be written under ``name``, its request's id (never waits;
@@ -120,7 +124,13 @@ class RecordWriter:
         writer process frames it.)"""
         pending = self._pending
         at = len(pending)
-        dump_into(record, pending)
+        try:
+            dump_into(record, pending)
+        except Exception as exc:  # (a value no encoder takes: never one bls notes itself)
+            del pending[at:]
+            self._unencodable += 1
+            log.error("recording: the record of request %r cannot be encoded: %s", name, exc)
+            return
         if self._closing or len(pending) + self._sending > self.backlog_bytes:
             del pending[at:]
             self._drop()

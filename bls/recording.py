@@ -27,7 +27,7 @@ import msgspec
 
 from .bindings import Wrapper
 from .codec import EXTENSIONS, Codec
-from .errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError
+from .errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError, encodable
 from .scope import NO_CONTEXT, CallContext
 from .typenames import TypeRef, malformed, ref_of
 
@@ -128,13 +128,13 @@ def decode_value(data: bytes, codec: Codec = _codec) -> Any:
 
 def _error(stage: str, exc: BaseException) -> RecordedError:
     if isinstance(exc, DeadlineExceeded):
-        return RecordedError(stage=stage, kind=ErrorKind.DEADLINE, message=str(exc))
+        return RecordedError(stage=stage, kind=ErrorKind.DEADLINE, message=encodable(str(exc)))
     if isinstance(exc, StageError):
         path = exc.path if isinstance(exc, InvalidRequest) else None
         return RecordedError(stage=exc.stage, kind=exc.kind, message=exc.message, path=path)
     if isinstance(exc, anyio.get_cancelled_exc_class()):
         return RecordedError(stage=stage, kind=ErrorKind.CANCELLED, message="cancelled")
-    return RecordedError(stage=stage, kind=type(exc).__name__, message=str(exc))
+    return RecordedError(stage=stage, kind=type(exc).__name__, message=encodable(str(exc)))
 
 
 class Recorder:

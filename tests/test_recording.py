@@ -3,6 +3,7 @@ divergences a changed script replays to, and the files that cannot be read."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,21 @@ async def test_a_request_that_failed_replays_to_the_same_error(tmp_path: Path) -
 
     # It fails the same way again: a faithful replay, no divergence.
     assert await replay(rec, app.entry("guarded"), app.declared) == []
+
+
+async def test_errors_naming_a_file_that_is_not_utf8_are_recorded_escaped() -> None:
+    # Python holds such a name with a lone surrogate, which no UTF-8 encoder takes: the
+    # record keeps the message with it escaped, from a stage and from the script.
+    name = os.fsdecode(b"photo-\xe9.jpg")
+    recorder = Recorder("s.py")
+    recorder.entry("tag", {"text": "x"})
+    call = recorder.call("reader", False, {"path": "p"})
+    recorder.ended(call, bls.StageError("reader", "OSError", f"cannot read {name}"))
+    recorder.entry_failed(RuntimeError(f"cannot read {name}"))
+    rec = load(dump(recorder.finish()))
+    assert rec.calls[0].error is not None and rec.error is not None
+    assert rec.calls[0].error.message == rec.error.message == "cannot read photo-\\udce9.jpg"
+    assert (rec.calls[0].error.kind, rec.error.kind) == ("OSError", "RuntimeError")
 
 
 async def test_a_replay_that_answers_where_the_record_failed_diverges(tmp_path: Path) -> None:

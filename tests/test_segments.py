@@ -111,3 +111,14 @@ async def test_a_record_is_found_by_the_id_its_client_gave_as_given(tmp_path: Pa
         writer.write("a\udc80b", record("odd"))
         writer.write("fine", record("fine"))
     assert writer.written == 2 and names_in(tmp_path / "odd") == ["a?b", "fine"]
+
+
+@pytest.mark.anyio
+async def test_a_record_that_cannot_be_encoded_is_counted_failed_and_the_rest_written(
+    tmp_path: Path,
+) -> None:
+    async with RecordWriter(tmp_path, "s.py") as writer:
+        writer.write("bad", record("a\udc80b"))  # (a lone surrogate: no UTF-8 encoder takes it)
+        writer.write("fine", record("fine"))
+    assert writer.written == 1 and writer.failed == 1 and writer.lost == writer.dropped == 0
+    assert names_in(tmp_path) == ["fine"]

@@ -9,7 +9,14 @@ from typing import Any
 
 import msgspec
 
-from ..errors import DeadlineExceeded, ErrorKind, InvalidRequest, StageError, StageNotBound
+from ..errors import (
+    DeadlineExceeded,
+    ErrorKind,
+    InvalidRequest,
+    StageError,
+    StageNotBound,
+    encodable,
+)
 from ..scope import Reason
 
 __all__ = [
@@ -61,6 +68,7 @@ class HttpError(Exception):
         param: str | None = None,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
+        message = encodable(message)  # (every answer is UTF-8)
         super().__init__(message)
         self.status = status
         self.type = type

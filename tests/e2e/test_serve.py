@@ -251,6 +251,45 @@ def test_a_script_that_raises_is_a_500_without_its_traceback(
     assert "Traceback" in server.log()  # the log has it
 
 
+def test_an_error_naming_a_file_that_is_not_utf8_is_answered_escaped(
+    http: httpx.Client,
+) -> None:
+    # Python holds a file name that is not UTF-8 with a lone surrogate, which no UTF-8
+    # encoder takes; an error message naming one is answered with it escaped, whether
+    # the script raised it (500), a stage (502) or a stream after its first item.
+    named = "cannot read photo-\\udce9.jpg"
+    r = http.post("/v1/scripts/oops", json={"text": "latin-1"})
+    assert r.status_code == 500
+    assert r.json()["error"]["message"] == f"the script failed: RuntimeError: {named}"
+    r = http.post("/v1/scripts/fail", json={"text": "latin-1"})
+    assert r.status_code == 502
+    assert (r.json()["error"]["kind"], r.json()["error"]["message"]) == ("ValueError", named)
+    r = http.post("/v1/scripts/count", json={"text": "latin-1", "n": 3, "seconds": 0})
+    assert r.status_code == 200
+    events = sse_events(r.text)
+    assert events[0] == ("message", '{"i":0}') and events[-1][0] == "error"
+    assert (
+        json.loads(events[-1][1])["error"]["message"] == f"the script failed: RuntimeError: {named}"
+    )
+
+
+def test_a_worker_whose_stage_names_a_file_that_is_not_utf8_answers_and_lives(
+    workers: dict[str, Proc],
+) -> None:
+    with (
+        worker(f"{STAGES}:boom") as remote,
+        serve(*_binds(workers), "--bind", f"boom={remote.address}") as proc,
+    ):
+        for _ in range(2):  # (the second from a new client)
+            with httpx.Client(base_url=proc.address, timeout=30) as client:
+                r = client.post("/v1/scripts/fail", json={"text": "latin-1"})
+            assert r.status_code == 502
+            assert r.json()["error"]["message"] == "cannot read photo-\\udce9.jpg"
+        r = httpx.post(f"{proc.address}/v1/scripts/fail", json={"text": "zz"}, timeout=30)
+        assert r.json()["error"]["message"] == "bad marker 'zz'"
+        assert remote.popen.poll() is None
+
+
 def test_deadline_header_reaches_the_remote_worker(http: httpx.Client, tmp_path: Path) -> None:
     marker = tmp_path / "slow"
     started = time.monotonic()

@@ -23,6 +23,11 @@ class Served(bls.Message):
     text: str
 
 
+# A file name that is not UTF-8 (Latin-1's é), as Python reads it from a directory: with a
+# lone surrogate, which no UTF-8 encoder takes (an error naming it must still be answered).
+LATIN1_NAME = os.fsdecode(b"photo-\xe9.jpg")
+
+
 def _mark(path: str, what: str) -> None:
     """Write ``path`` atomically (a reader never sees it half-written)."""
     if path:
@@ -69,6 +74,8 @@ async def whoami(req: Mark) -> Served:
 
 
 async def boom(req: Mark) -> Served:
+    if req.marker == "latin-1":
+        raise ValueError(f"cannot read {LATIN1_NAME}")
     raise ValueError(f"bad marker {req.marker!r}")
 
 

@@ -1,11 +1,16 @@
 """The script the `bls serve` tests serve: unary, streaming, failing, fan-out and chat
 entries over the marker-writing stages of ../pipelines/remote_stages.py."""
 
+import os
 from collections.abc import AsyncIterator
 
 import anyio
 
 import bls
+
+# A file name that is not UTF-8, as Python reads it (with a lone surrogate): see
+# remote_stages.LATIN1_NAME.
+LATIN1_NAME = os.fsdecode(b"photo-\xe9.jpg")
 
 
 class Job(bls.Message):  # the shape of remote_stages.Mark
@@ -68,6 +73,8 @@ async def wait(req: Ask) -> Reply:
 async def count(req: Ask) -> AsyncIterator[Tick]:
     async for i in ticks(Job(marker=req.marker, seconds=req.seconds, count=req.n)):
         yield Tick(i=i)
+        if req.text == "latin-1":
+            raise RuntimeError(f"cannot read {LATIN1_NAME}")
 
 
 @bls.script
@@ -85,6 +92,8 @@ async def fail(req: Ask) -> Reply:
 
 @bls.script
 async def oops(req: Ask) -> Reply:
+    if req.text == "latin-1":
+        raise RuntimeError(f"cannot read {LATIN1_NAME}")
     raise RuntimeError("a bug in the script")
 
 
