@@ -71,7 +71,8 @@ class RecordWriter:
     writer reports written), :attr:`dropped` (never sent: the backlog was full),
     :attr:`lost` (sent to a writer that died or was stopped before writing them),
     :attr:`failed` (the writer could not write them: the disk is full, say; or they
-    could not be encoded)."""
+    could not be encoded); of those sent, :attr:`incomplete` left out a value no encoder
+    takes (:attr:`bls.recording.Record.unrecorded`: not replayed)."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class RecordWriter:
         self.finish_s = finish_s
         self.dropped = 0
         self.lost = 0
+        self.incomplete = 0  # records written that left out a value (Record.unrecorded)
         # Records waiting to be sent, one after another, and their index: each one's
         # name and where it ends in _pending; the bytes of the batch being sent (they
         # count towards the backlog until sent). (The backlog counts records' bytes;
@@ -136,9 +138,24 @@ class RecordWriter:
             self._drop()
             return
         self._index.append((name, len(pending)))
+        if record.unrecorded:
+            self._incomplete(name, record)
         if self._idle:  # (the feeding task waits for a record: wake it, once)
             self._idle = False
             self._wake.set()
+
+    def _incomplete(self, name: str, record: Record) -> None:
+        """A record that left out a value no encoder takes: said the first time (and
+        every 1000th), as the request ran; the record is written, and not replayed."""
+        self.incomplete += 1
+        if self.incomplete == 1 or self.incomplete % 1000 == 0:
+            log.warning(
+                "recording: the record of request %s left out %s; a record that leaves out "
+                "a value cannot be replayed (%d so far)",
+                name,
+                record.unrecorded[0],
+                self.incomplete,
+            )
 
     def _drop(self) -> None:
         self.dropped += 1

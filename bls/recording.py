@@ -99,6 +99,10 @@ class Record(msgspec.Struct, kw_only=True):
     calls: list[RecordedCall] = []
     started: float  # epoch seconds
     duration: float = 0.0
+    # What the request passed or got that no encoder takes (an object an in-process stage
+    # was given, say), left out of the record (nil in its place); the request ran as it
+    # would have unrecorded. A record with any is not replayed. (The first few only.)
+    unrecorded: list[str] = []
 
 
 class RecordError(ValueError):
@@ -116,6 +120,8 @@ _record_decoder = msgspec.msgpack.Decoder(Record)
 
 _encode = _value_encoder.encode
 _clock = time.monotonic
+_LEFT_OUT = b"\xc0"  # (msgpack nil) in a record, in place of a value no encoder takes
+_UNRECORDED_NOTES = 8  # a record names this many values left out, at most
 
 
 def encode_value(value: Any) -> bytes:
@@ -158,11 +164,18 @@ class Recorder:
         self._t0 = _clock()
         record = self.record
         record.entry = name
-        record.request = _encode(req)
+        try:
+            record.request = _encode(req)
+        except Exception as exc:
+            record.request = self._left_out("the request", exc)
 
     def answer(self, value: Any) -> None:
         """The entry's result, or one item of a streaming entry."""
-        self.record.items.append(_encode(value))
+        items = self.record.items
+        try:
+            items.append(_encode(value))
+        except Exception as exc:
+            items.append(self._left_out(f"answer item {len(items) + 1}", exc))
 
     def entry_failed(self, exc: BaseException) -> None:
         self.record.error = _error(self.record.entry, exc)
@@ -188,21 +201,33 @@ class Recorder:
     def new_call(
         self, stage: str, streaming: bool, req: Any, result_ref: TypeRef | None
     ) -> RecordedCall:
+        try:
+            data = _encode(req)
+        except Exception as exc:
+            data = self._left_out(
+                f"call {len(self.record.calls) + 1} (stage {stage!r}): its request", exc
+            )
         return RecordedCall(
             stage=stage,
             streaming=streaming,
-            request=_encode(req),
+            request=data,
             start=_clock() - self._t0,
             result_type=result_ref,
         )
 
     def item(self, call: RecordedCall, value: Any) -> None:
-        call.items.append(_encode(value))
+        try:
+            call.items.append(_encode(value))
+        except Exception as exc:
+            call.items.append(self._left_out(self._item_of(call), exc))
 
     def result(self, call: RecordedCall, value: Any) -> None:
         """A unary call's result: :meth:`item`, then :meth:`ended` (in one call: this
         runs on every recorded call's path)."""
-        call.items.append(_encode(value))
+        try:
+            call.items.append(_encode(value))
+        except Exception as exc:
+            call.items.append(self._left_out(self._item_of(call), exc))
         call.end = _clock() - self._t0
 
     def ended(self, call: RecordedCall, exc: BaseException | None = None) -> None:
@@ -214,6 +239,26 @@ class Recorder:
         record = self.record
         record.duration = _clock() - self._t0
         return record
+
+    # a value no encoder takes
+
+    def _left_out(self, what: str, exc: Exception) -> bytes:
+        """What stands in a record for a value no encoder takes, which the record names
+        (``what``): the request goes on as it would unrecorded, and its record is not
+        replayed. A durable recorder raises ``exc`` instead: a background run whose
+        calls its journal cannot hold could not be recovered."""
+        if self.durable:
+            raise exc
+        notes = self.record.unrecorded
+        if len(notes) < _UNRECORDED_NOTES:
+            notes.append(f"{what}: {type(exc).__name__}: {encodable(str(exc))}")
+        return _LEFT_OUT
+
+    def _item_of(self, call: RecordedCall) -> str:
+        """A call's next item (a unary call's result), named for :meth:`_left_out`."""
+        n = next((i for i, c in enumerate(self.record.calls) if c is call), -1) + 1
+        what = "its result" if not call.streaming else f"its item {len(call.items) + 1}"
+        return f"call {n} (stage {call.stage!r}): {what}"
 
     # A durable recorder (a background run's journal) saves each call as it starts and
     # as it ends before the script goes on: the binding awaits :meth:`saved` then.

@@ -222,3 +222,31 @@ def test_a_record_of_another_format_names_both() -> None:
     assert str(caught.value) == (
         f"r.blsrec is in record format {FORMAT + 1}; this bls ({bls.__version__}) reads {FORMAT}"
     )
+
+
+HANDLES = Path(__file__).parent / "e2e" / "handles" / "handles.py"
+
+
+@pytest.mark.parametrize(
+    ("entry", "answer", "left_out"),
+    [
+        ("untyped", {"kind": "Handle", "back": "Handle"}, ["its request", "its result"]),
+        ("typed", {"kind": "Handle"}, ["its request"]),
+    ],
+)
+async def test_a_value_no_encoder_takes_is_left_out_of_the_record_not_the_request(
+    entry: str, answer: dict[str, str], left_out: list[str]
+) -> None:
+    # Recording never changes what a request does: the request answers as it does
+    # unrecorded, and its record names what it left out, and is not replayed.
+    app = ScriptFile(HANDLES)
+    async with app.runtime() as rt:
+        assert await rt.run(app.entry(entry), {}) == answer
+    rec, answers = await record(HANDLES, entry, {})
+    assert answers == [answer]
+    stage = "take" if entry == "untyped" else "take_typed"
+    wire = "TypeError: cannot send a value of type Handle over the wire"
+    assert rec.unrecorded == [f"call 1 (stage {stage!r}): {what}: {wire}" for what in left_out]
+    assert rec.calls[0].request == b"\xc0"  # (nil in its place)
+    with pytest.raises(RecordError, match=r"cannot be replayed: it left out what could not be "):
+        await replay(rec, ScriptFile(HANDLES, configured=False).entry(entry))

@@ -121,3 +121,16 @@ async def test_a_changed_script_fails_its_recovery_naming_the_divergence(
         Divergence, match=r"did not make 1 call\(s\) the journal has; the first: call 3"
     ):
         await run(app, entry, {**req, "n": 2}, journal, resume=True)
+
+
+async def test_a_run_whose_call_gets_a_value_no_encoder_takes_fails_that_call(
+    journal: Journal,
+) -> None:
+    # A recorded request leaves such a value out of its record (tests/test_recording.py);
+    # a run cannot: its journal must hold every call to recover it, so the call fails.
+    handles = ScriptFile(Path(__file__).parent / "e2e" / "handles" / "handles.py", record=True)
+    recorder = JournalRecorder(journal, "r", handles.path)
+    with pytest.raises(TypeError, match="cannot send a value of type Handle over the wire"):
+        async with handles.runtime() as rt, RequestScope("r", record=recorder):
+            await rt.run(handles.entry("untyped"), {})
+    assert journal.calls("r") == []  # (refused before it was journaled or made)

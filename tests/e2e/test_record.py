@@ -23,6 +23,7 @@ from .procs import serving, start, stop, wait_for, worker
 
 HELLO = "examples/hello.py"
 SERVED = "tests/e2e/served/served.py"
+HANDLES = "tests/e2e/handles/handles.py"
 
 
 def test_a_recorded_run_replays_to_the_same_output(tmp_path: Path) -> None:
@@ -128,6 +129,28 @@ def test_bls_serve_records_each_request_and_each_replays(backend: str, tmp_path:
     assert "holds 3 records: name the request with --id (its X-Request-Id)" in some.stderr
     none = run_bls("replay", str(records), SERVED, "--id", "nope")
     assert none.returncode == 1 and "holds no record of request 'nope' (3 others)" in none.stderr
+
+
+def test_a_served_request_given_a_value_no_encoder_takes_answers_as_unrecorded(
+    tmp_path: Path,
+) -> None:
+    # An inline stage handed an object no encoder takes: recording leaves it out of the
+    # record (which says so, and is not replayed) and the request answers as it would
+    # unrecorded; the server says so once.
+    records = tmp_path / "records"
+    with serving(HANDLES, "--record", str(records)) as server:
+        r = httpx.post(f"{server.address}/v1/scripts/untyped", json={}, timeout=30)
+        assert r.status_code == 200 and r.json() == {"kind": "Handle", "back": "Handle"}
+        rid = r.headers["x-request-id"]
+        left_out = "call 1 (stage 'take'): its request: TypeError: cannot send a value of type"
+        wait_for(lambda: f"the record of request {rid} left out {left_out}" in server.log())
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0
+    assert read(records, rid).unrecorded[0].startswith(left_out)
+    replayed = run_bls("replay", str(records), HANDLES, "--id", rid)
+    assert replayed.returncode == 1
+    cannot = "the record cannot be replayed: it left out what could not be encoded: "
+    assert f"{cannot}{left_out}" in replayed.stderr and "(and 1 more)" in replayed.stderr
 
 
 def _lines(text: str) -> list[object]:
