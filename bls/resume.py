@@ -4,7 +4,7 @@ it finished before answered from the journal (:mod:`bls.journal`), then goes on 
 :class:`JournalRecorder` is the :class:`bls.recording.Recorder` of a background run: each
 stage call is written to the journal as it starts and again as it ends, before the
 script sees its result. A recovered run's recorder carries a :class:`Resume`, which
-:class:`bls.recording.RecordingBinding` asks first (:meth:`Resume.take`):
+:class:`bls.record_binding.RecordingBinding` asks first (:meth:`Resume.take`):
 
 - a call the journal has finished is answered from it, as ``bls replay`` answers
   (:func:`bls.replay.recorded_value`, :func:`bls.replay.recorded_failure`): it is not

@@ -25,7 +25,7 @@ from .entry import Script
 from .errors import DeadlineExceeded, StageNotBound
 from .messages import Signature
 from .policy import Policy
-from .recording import noted_items
+from .record_binding import noted_items
 from .scope import (
     CallContext,
     OpenStreams,

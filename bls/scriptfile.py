@@ -11,7 +11,7 @@ from .check import StageUse, find_stage_uses, names_stages_dynamically, typed_ha
 from .config import Config, ConfigError, check_names, load_config, make_bindings
 from .entry import Script, entries
 from .paths import missing
-from .recording import RecordingBinding
+from .record_binding import RecordingBinding
 from .runtime import Runtime
 from .targets import load_module
 
