@@ -96,8 +96,9 @@ class Record(msgspec.Struct, kw_only=True):
     started: float  # epoch seconds
     duration: float = 0.0
     # What the request passed or got that no encoder takes (an object an in-process stage
-    # was given, say), left out of the record (nil in its place); the request ran as it
-    # would have unrecorded. A record with any is not replayed. (The first few only.)
+    # was given, say), left out of the record (nil in its place), and where the record
+    # passed the bytes it keeps (RECORD_BYTES); the request ran as it would have
+    # unrecorded. A record with any is not replayed. (The first few only.)
     unrecorded: list[str] = []
 
 
@@ -118,6 +119,12 @@ _encode = _value_encoder.encode
 _clock = time.monotonic
 _LEFT_OUT = b"\xc0"  # (msgpack nil) in a record, in place of a value no encoder takes
 _UNRECORDED_NOTES = 8  # a record names this many values left out, at most
+# The values a record keeps, in bytes, at most (a request that streams for hours keeps
+# its record's memory bounded); what comes after is left out (Record.unrecorded). As
+# much as the writer of bls serve --record lets wait: a larger record could never be
+# written (bls.record_writer.BACKLOG_BYTES).
+RECORD_BYTES = 64 * 1024 * 1024
+_PAST = f"past the {RECORD_BYTES >> 20} MiB a record keeps, it and what came after"
 
 
 def encode_value(value: Any) -> bytes:
@@ -143,12 +150,16 @@ class Recorder:
     """The record of one request, filled in as it runs. (Its methods run on every
     recorded request's path, several times a call: each does the least it can.)"""
 
-    __slots__ = ("_t0", "record", "resume")
+    __slots__ = ("_room", "_t0", "record", "resume")
 
     def __init__(self, script: str | Path) -> None:
         name, path = _places.get(script) or _where(script)
         self.record = Record(bls=__version__, script=name, path=path, entry="", started=time.time())
         self._t0 = _clock()
+        # The bytes of values the record may keep still, besides the entry's request
+        # (which the server's body limit bounds): RECORD_BYTES. (A durable recorder,
+        # whose journal holds each call as it goes, keeps them all: math.inf.)
+        self._room: float = RECORD_BYTES
         # A recovered background run's journal, which answers the calls it finished
         # before (a bls.resume.Resume; RecordingBinding asks it first); None: all live.
         self.resume: Any = None
@@ -169,9 +180,14 @@ class Recorder:
         """The entry's result, or one item of a streaming entry."""
         items = self.record.items
         try:
-            items.append(_encode(value))
+            data = _encode(value)
         except Exception as exc:
-            items.append(self._left_out(f"answer item {len(items) + 1}", exc))
+            data = self._left_out(f"answer item {len(items) + 1}", exc)
+        self._room -= len(data)
+        if self._room >= 0:
+            items.append(data)
+        else:
+            self._full(what=f"answer item {len(items) + 1}")
 
     def entry_failed(self, exc: BaseException) -> None:
         self.record.error = _error(self.record.entry, exc)
@@ -191,7 +207,11 @@ class Recorder:
         the wire's builtins). (``seq``: the number a journal gives it,
         :class:`bls.resume.JournalRecorder`'s; a record numbers calls as they come.)"""
         call = self.new_call(stage, streaming, req, result_ref)
-        self.record.calls.append(call)
+        calls = self.record.calls
+        if self._room >= 0:
+            calls.append(call)
+        else:
+            self._full(what=f"call {len(calls) + 1} (stage {stage!r})")
         return call
 
     def new_call(
@@ -203,6 +223,7 @@ class Recorder:
             data = self._left_out(
                 f"call {len(self.record.calls) + 1} (stage {stage!r}): its request", exc
             )
+        self._room -= len(data)
         return RecordedCall(
             stage=stage,
             streaming=streaming,
@@ -213,17 +234,25 @@ class Recorder:
 
     def item(self, call: RecordedCall, value: Any) -> None:
         try:
-            call.items.append(_encode(value))
+            data = _encode(value)
         except Exception as exc:
-            call.items.append(self._left_out(self._item_of(call), exc))
+            data = self._left_out(self._item_of(call), exc)
+        self._room -= len(data)
+        if self._room >= 0:
+            call.items.append(data)
+        else:
+            self._full(call)
 
     def result(self, call: RecordedCall, value: Any) -> None:
         """A unary call's result: :meth:`item`, then :meth:`ended` (in one call: this
-        runs on every recorded call's path)."""
+        runs on every recorded call's path). (Past the record's bound, nil in its place:
+        a unary call is recorded with its one result.)"""
         try:
-            call.items.append(_encode(value))
+            data = _encode(value)
         except Exception as exc:
-            call.items.append(self._left_out(self._item_of(call), exc))
+            data = self._left_out(self._item_of(call), exc)
+        self._room -= len(data)
+        call.items.append(data if self._room >= 0 else self._full(call))
         call.end = _clock() - self._t0
 
     def ended(self, call: RecordedCall, exc: BaseException | None = None) -> None:
@@ -248,6 +277,18 @@ class Recorder:
         notes = self.record.unrecorded
         if len(notes) < _UNRECORDED_NOTES:
             notes.append(f"{what}: {type(exc).__name__}: {encodable(str(exc))}")
+        return _LEFT_OUT
+
+    def _full(self, call: RecordedCall | None = None, what: str = "") -> bytes:
+        """What stands in a record past :data:`RECORD_BYTES` for a unary call's result
+        (other values past it are not kept at all, nor their place), noting the first
+        value left out so: ``call``'s next item, or ``what``. (No closure names it: a
+        function that makes one pays for it on every call.)"""
+        notes = self.record.unrecorded
+        if not any(note.endswith(_PAST) for note in notes):
+            if len(notes) == _UNRECORDED_NOTES:
+                notes.pop()
+            notes.append(f"{what if call is None else self._item_of(call)}: {_PAST}")
         return _LEFT_OUT
 
     def _item_of(self, call: RecordedCall) -> str:

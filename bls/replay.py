@@ -216,13 +216,12 @@ async def replay(record: Record, entry: Script, declared: Sequence[Any] = ()) ->
     its answers (a unary entry's one result, or a streaming entry's items: those it gave
     before it failed, for a request that failed, and failed the same way again). Raises
     :class:`Divergence` at the first difference; :class:`bls.recording.RecordError` for a
-    record that left out a value no encoder takes."""
+    record that left out a value (one no encoder takes, or past the bytes it keeps)."""
     if record.unrecorded:
         more = len(record.unrecorded) - 1
         also = f" (and {more} more)" if more else ""
         raise RecordError(
-            f"the record cannot be replayed: it left out what could not be encoded: "
-            f"{record.unrecorded[0]}{also}"
+            f"the record cannot be replayed: it left out {record.unrecorded[0]}{also}"
         )
     calls = _Calls(record, importable_from(entry))
     streaming = {h.name: h.signature.streaming for h in declared}

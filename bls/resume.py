@@ -22,6 +22,7 @@ script sees its result. A recovered run's recorder carries a :class:`Resume`, wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,7 @@ class JournalRecorder(Recorder):
         self, journal: Journal, run_id: str, script: str | Path, resume: Resume | None = None
     ) -> None:
         super().__init__(script)
+        self._room = math.inf  # (the journal holds each call as it goes: all of them)
         self._journal = journal
         self.run_id = run_id
         self.resume = resume

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 import bls
+from bls import recording
 from bls.recording import FORMAT, Record, Recorder, RecordError, dump, load
 from bls.replay import Divergence, replay
 from bls.scope import RequestScope
@@ -248,5 +249,26 @@ async def test_a_value_no_encoder_takes_is_left_out_of_the_record_not_the_reques
     wire = "TypeError: cannot send a value of type Handle over the wire"
     assert rec.unrecorded == [f"call 1 (stage {stage!r}): {what}: {wire}" for what in left_out]
     assert rec.calls[0].request == b"\xc0"  # (nil in its place)
-    with pytest.raises(RecordError, match=r"cannot be replayed: it left out what could not be "):
+    with pytest.raises(RecordError, match=r"cannot be replayed: it left out call 1 \(stage "):
+        await replay(rec, ScriptFile(HANDLES, configured=False).entry(entry))
+
+
+@pytest.mark.parametrize(("entry", "stage"), [("flood", "chunks"), ("flood_typed", "chunks_typed")])
+async def test_a_request_streaming_more_than_a_record_keeps_is_recorded_up_to_its_bound(
+    entry: str, stage: str
+) -> None:
+    # 80 MiB through a stage and out again: the request streams all of it as it does
+    # unrecorded; its record keeps values up to RECORD_BYTES, names where it stopped
+    # (once), and is not replayed.
+    app = ScriptFile(HANDLES)
+    async with app.runtime() as rt, rt.run_stream(app.entry(entry), {"n": 80}) as items:
+        unrecorded = [len(item) async for item in items]
+    rec, answers = await record(HANDLES, entry, {"n": 80})
+    assert [len(item) for item in answers] == unrecorded == [1 << 20] * 80
+    assert len(dump(rec)) <= recording.RECORD_BYTES + 64 * 1024
+    kept = len(rec.items) + len(rec.calls[0].items)
+    assert 60 <= kept < 64 and rec.calls[0].stage == stage
+    assert len(rec.unrecorded) == 1
+    assert rec.unrecorded[0].endswith("past the 64 MiB a record keeps, it and what came after")
+    with pytest.raises(RecordError, match="cannot be replayed: it left out "):
         await replay(rec, ScriptFile(HANDLES, configured=False).entry(entry))
