@@ -22,10 +22,10 @@ _REPR = re.compile(r" ?<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 def encodable(text: str) -> str:
-    """``text``, with any lone surrogate in it written as its escape (``\\udc80``): what
-    Python makes of bytes that are not UTF-8 (a file name, say), and what no UTF-8
-    encoder takes, so that an error saying so could be neither answered, sent by a
-    worker nor recorded. (Every error's text passes here: ASCII at once.)"""
+    """``text``, with any lone surrogate in it written as its escape (``\\udc80``). Python
+    holds bytes that are not UTF-8 (a file name, say) so, and no UTF-8 encoder takes
+    them: an error whose text held one could be neither answered, sent by a worker nor
+    recorded. (Every error's text passes here: ASCII at once.)"""
     if text.isascii():
         return text
     try:

@@ -71,8 +71,9 @@ class RecordWriter:
     writer reports written), :attr:`dropped` (never sent: the backlog was full),
     :attr:`lost` (sent to a writer that died or was stopped before writing them),
     :attr:`failed` (the writer could not write them: the disk is full, say; or they
-    could not be encoded); of those sent, :attr:`incomplete` left out a value no encoder
-    takes (:attr:`bls.recording.Record.unrecorded`: not replayed)."""
+    could not be encoded); of those sent, :attr:`incomplete` left out a value (one no
+    encoder takes, or past the bytes a record keeps: :attr:`bls.recording.Record.unrecorded`;
+    not replayed)."""
 
     def __init__(
         self,
@@ -145,8 +146,8 @@ class RecordWriter:
             self._wake.set()
 
     def _incomplete(self, name: str, record: Record) -> None:
-        """A record that left out a value no encoder takes: said the first time (and
-        every 1000th), as the request ran; the record is written, and not replayed."""
+        """A record that left out a value (:attr:`bls.recording.Record.unrecorded`): said
+        the first time (and every 1000th); the record is written, and not replayed."""
         self.incomplete += 1
         if self.incomplete == 1 or self.incomplete % 1000 == 0:
             log.warning(

@@ -174,7 +174,7 @@ class Recorder:
         try:
             record.request = _encode(req)
         except Exception as exc:
-            record.request = self._left_out("the request", exc)
+            record.request = self._left_out(exc, what="the request")
 
     def answer(self, value: Any) -> None:
         """The entry's result, or one item of a streaming entry."""
@@ -182,7 +182,7 @@ class Recorder:
         try:
             data = _encode(value)
         except Exception as exc:
-            data = self._left_out(f"answer item {len(items) + 1}", exc)
+            data = self._left_out(exc, what=f"answer item {len(items) + 1}")
         self._room -= len(data)
         if self._room >= 0:
             items.append(data)
@@ -220,9 +220,8 @@ class Recorder:
         try:
             data = _encode(req)
         except Exception as exc:
-            data = self._left_out(
-                f"call {len(self.record.calls) + 1} (stage {stage!r}): its request", exc
-            )
+            what = f"call {len(self.record.calls) + 1} (stage {stage!r}): its request"
+            data = self._left_out(exc, what=what)
         self._room -= len(data)
         return RecordedCall(
             stage=stage,
@@ -236,7 +235,7 @@ class Recorder:
         try:
             data = _encode(value)
         except Exception as exc:
-            data = self._left_out(self._item_of(call), exc)
+            data = self._left_out(exc, call)
         self._room -= len(data)
         if self._room >= 0:
             call.items.append(data)
@@ -250,7 +249,7 @@ class Recorder:
         try:
             data = _encode(value)
         except Exception as exc:
-            data = self._left_out(self._item_of(call), exc)
+            data = self._left_out(exc, call)
         self._room -= len(data)
         call.items.append(data if self._room >= 0 else self._full(call))
         call.end = _clock() - self._t0
@@ -267,35 +266,41 @@ class Recorder:
 
     # a value no encoder takes
 
-    def _left_out(self, what: str, exc: Exception) -> bytes:
-        """What stands in a record for a value no encoder takes, which the record names
-        (``what``): the request goes on as it would unrecorded, and its record is not
-        replayed. A durable recorder raises ``exc`` instead: a background run whose
-        calls its journal cannot hold could not be recovered."""
+    # The value left out is named by ``what``, or as ``call``'s next item (named only
+    # when the record notes it: finding the call walks the record's calls). No closure
+    # names it: a function that makes one pays for it on every call.
+
+    def _left_out(self, exc: Exception, call: RecordedCall | None = None, what: str = "") -> bytes:
+        """What stands in a record for a value no encoder takes, which the record names:
+        the request goes on as it would unrecorded, and its record is not replayed. A
+        durable recorder raises ``exc`` instead: a background run whose calls its
+        journal cannot hold could not be recovered."""
         if self.durable:
             raise exc
         notes = self.record.unrecorded
         if len(notes) < _UNRECORDED_NOTES:
-            notes.append(f"{what}: {type(exc).__name__}: {encodable(str(exc))}")
+            named = self._named(call, what)
+            notes.append(f"{named}: {type(exc).__name__}: {encodable(str(exc))}")
         return _LEFT_OUT
 
     def _full(self, call: RecordedCall | None = None, what: str = "") -> bytes:
         """What stands in a record past :data:`RECORD_BYTES` for a unary call's result
         (other values past it are not kept at all, nor their place), noting the first
-        value left out so: ``call``'s next item, or ``what``. (No closure names it: a
-        function that makes one pays for it on every call.)"""
+        value left out so."""
         notes = self.record.unrecorded
         if not any(note.endswith(_PAST) for note in notes):
             if len(notes) == _UNRECORDED_NOTES:
                 notes.pop()
-            notes.append(f"{what if call is None else self._item_of(call)}: {_PAST}")
+            notes.append(f"{self._named(call, what)}: {_PAST}")
         return _LEFT_OUT
 
-    def _item_of(self, call: RecordedCall) -> str:
-        """A call's next item (a unary call's result), named for :meth:`_left_out`."""
+    def _named(self, call: RecordedCall | None, what: str) -> str:
+        """``what``, or ``call``'s next item (a unary call's result), by its place."""
+        if call is None:
+            return what
         n = next((i for i, c in enumerate(self.record.calls) if c is call), -1) + 1
-        what = "its result" if not call.streaming else f"its item {len(call.items) + 1}"
-        return f"call {n} (stage {call.stage!r}): {what}"
+        item = "its result" if not call.streaming else f"its item {len(call.items) + 1}"
+        return f"call {n} (stage {call.stage!r}): {item}"
 
     # A durable recorder (a background run's journal) saves each call as it starts and
     # as it ends before the script goes on: the binding awaits :meth:`saved` then.
