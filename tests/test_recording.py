@@ -272,3 +272,19 @@ async def test_a_request_streaming_more_than_a_record_keeps_is_recorded_up_to_it
     assert rec.unrecorded[0].endswith("past the 64 MiB a record keeps, it and what came after")
     with pytest.raises(RecordError, match="cannot be replayed: it left out "):
         await replay(rec, ScriptFile(HANDLES, configured=False).entry(entry))
+
+
+async def test_a_record_names_at_most_8_values_it_left_out() -> None:
+    # A stream of values no encoder takes: each left out, the first 8 named, no more.
+    recorder = Recorder("s.py")
+    recorder.entry("e", {})
+    call = recorder.call("objects", True, {})
+    for _ in range(1000):
+        recorder.item(call, object())
+    rec = load(dump(recorder.finish()))
+    assert rec.calls[0].items == [b"\xc0"] * 1000
+    assert rec.unrecorded == [
+        f"call 1 (stage 'objects'): its item {n}: TypeError: cannot send a value of type "
+        "object over the wire"
+        for n in range(1, 9)
+    ]
