@@ -151,6 +151,11 @@ class Journal:
         found = row.fetchone()
         return None if found is None else _row(found)
 
+    def status(self, run_id: str) -> str | None:
+        """The run's status alone (None: no such run), without its result."""
+        found = self._execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if found is None else str(found[0])
+
     def runs(
         self,
         *,

@@ -161,6 +161,14 @@ _PREFER = [
 ]
 
 
+_LAST_EVENT_ID = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "description": "the last event the client saw: the stream goes on after it",
+    "schema": {"type": "integer", "minimum": 0},
+}
+
+
 def _run_paths(run_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[str, Any]:
     """The routes of background runs."""
     run = {"application/json": {"schema": run_ref}}
@@ -215,12 +223,14 @@ def _run_paths(run_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[str, 
             "get": {
                 "operationId": "run_events",
                 "summary": "SSE of the run's status changes and items, then end (Last-Event-ID)",
-                "parameters": one,
+                "parameters": [*one, _LAST_EVENT_ID],
                 "responses": {
                     "200": {
                         "description": "events",
                         "content": {"text/event-stream": {"schema": {"type": "string"}}},
                     },
+                    "204": {"description": "the run ended, and Last-Event-ID was its end"},
+                    "400": {"description": "Last-Event-ID is not an event's id"},
                     "404": missing,
                 },
             }

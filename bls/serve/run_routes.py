@@ -15,7 +15,7 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from ..journal import STATUSES, RunRow
+from ..journal import STATUSES, TERMINAL, RunRow
 from .framing import SSE, HttpError, Receive, Scope, Send, respond, send_error, start
 from .intake import header, query_of, request_id_of
 from .routing import Route
@@ -27,6 +27,8 @@ _encode = msgspec.json.encode
 
 _POLL_S = 0.5  # how often an events stream looks for a run another frontend writes
 _MAX_LIST = 1000
+_MAX_ID_DIGITS = 18  # an event's id is a store's 64-bit integer
+_OVER = TERMINAL | {None}  # a run's status once it has its outcome (None: forgotten since)
 
 
 class RunRoutes:
@@ -92,15 +94,22 @@ class RunRoutes:
 
     async def _events(self, scope: Scope, receive: Receive, send: Send, row: RunRow) -> None:
         """SSE: the run's events after ``Last-Event-ID`` (each with its ``id:``), live as
-        they come, until its ``end`` event; the client leaving ends it. 503 past
-        ``[runs] max_event_streams`` streams at once."""
+        they come, until its ``end`` event; the client leaving ends it. 204 for a run
+        that ended with nothing after ``Last-Event-ID``; 503 past ``[runs]
+        max_event_streams`` streams at once."""
         rid = request_id_of(scope)
-        last = header(scope, b"last-event-id")
-        try:
-            after = int(last) if last else 0
-        except ValueError:
+        last = header(scope, b"last-event-id") or b"0"
+        if not (last.isdigit() and len(last) <= _MAX_ID_DIGITS):
             error = HttpError(400, "invalid_header", "Last-Event-ID must be an event's id")
             await send_error(scope, send, error, rid)
+            return
+        after = int(last)
+        journal = self.journal
+        if row.status in TERMINAL and not await journal.do(journal.events, row.id, after, 1):
+            # The client saw the run's end (an EventSource reconnects after each stream
+            # ends): 204 tells it there is nothing more to follow, and it stops.
+            await start(send, 204, rid, SSE)
+            await send({"type": "http.response.body", "body": b""})
             return
         if self.streams >= self.runs.config.max_event_streams:
             why = f"{self.streams} event streams are open ([runs] max_event_streams)"
@@ -122,17 +131,24 @@ class RunRoutes:
         await send({"type": "http.response.body", "body": b""})
 
     async def _send_events(self, send: Send, run_id: str, after: int) -> None:
-        """The run's events after ``after``, then each as it comes, to its ``end``."""
+        """The run's events after ``after``, then each as it comes, to its ``end`` (or
+        to the run's end, for a client that named an event past it)."""
+        journal = self.journal
         while True:
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None
-            events = await self.journal.do(self.journal.events, run_id, after)
+            # A run that was over before its events were read has its end among them (or
+            # before ``after``): written with its outcome, in one transaction.
+            over = changed is None and await journal.do(journal.status, run_id) in _OVER
+            events = await journal.do(journal.events, run_id, after)
             for seq, kind, data in events:
                 frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
                 after = seq
                 if kind == "end":
                     return
+            if over and not events:
+                return
             if not events:  # (a run of its own wakes it; another frontend's is looked for)
                 with anyio.move_on_after(_POLL_S):
                     await (changed.wait() if changed is not None else anyio.sleep_forever())

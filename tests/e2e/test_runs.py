@@ -17,6 +17,7 @@ import pytest
 
 from bls.stores import open_journal
 
+from .browser import chromium, needs_chromium
 from .procs import Proc, drain, start, wait_for
 
 SCRIPT = "tests/e2e/runs/pipeline.py"
@@ -231,6 +232,84 @@ def test_an_events_client_that_reconnects_misses_no_item_and_sees_none_twice(
         assert _events(url, None) == seen
     finally:
         drain([server])
+
+
+def test_an_events_client_that_saw_the_end_is_told_there_is_no_more(
+    worker: Proc, store: str, config: Path
+) -> None:
+    """An EventSource reconnects whenever a stream ends: once it has seen the run's end,
+    it is answered 204 (and stops), not held on a stream that never sends again."""
+    server = serve(worker, store, config)
+    try:
+        run = submit(server, "items", {"n": 6, "steps": 2})
+        url = f"{server.address}/v1/runs/{run['id']}/events"
+        seen = _events(url, None)
+        last = seen[-1][0]
+        for after in (last, last + 10):
+            again = httpx.get(url, headers={"last-event-id": str(after)}, timeout=10)
+            assert again.status_code == 204 and again.content == b""
+        for bad in ("-1", "1_0", "x", "9" * 19):
+            refused = httpx.get(url, headers={"last-event-id": bad}, timeout=10)
+            assert refused.status_code == 400, bad
+            assert refused.json()["error"]["type"] == "invalid_header"
+        # A client that names an event past where a running run ends: its stream ends
+        # with the run, with nothing sent.
+        running = submit(server, "items", {"n": 7, "steps": 3})
+        url = f"{server.address}/v1/runs/{running['id']}/events"
+        with httpx.stream("GET", url, headers={"last-event-id": "1000"}, timeout=30) as past:
+            assert past.status_code == 200
+            assert list(past.iter_lines()) == []
+        assert ended(server, running["id"])["status"] == "succeeded"
+        assert [k for _, k, _ in _events(url, None)][-1] == "end"  # served on
+    finally:
+        drain([server])
+
+
+@needs_chromium
+def test_a_browser_follows_a_run_to_its_end_and_stops(
+    worker: Proc, store: str, config: Path, tmp_path: Path
+) -> None:
+    """A real EventSource: every event once, in order, then the stream ends and the
+    reconnect it makes is told there is no more (204), so it closes."""
+    server = serve(worker, store, config)
+    try:
+        run = submit(server, "items", {"n": 4, "steps": 4})
+        page = tmp_path / "events.html"
+        page.write_text(_FOLLOWER % f"{server.address}/v1/runs/{run['id']}/events")
+        # (The page is a file: web security off lets it read the server's events.)
+        args = ("--disable-web-security", "--virtual-time-budget=30000", "--dump-dom")
+        dom = chromium(tmp_path, *args, page.as_uri(), timeout=60)
+        assert dom.returncode == 0, dom.stderr
+        log = dom.stdout.partition('<pre id="closed">')[2].partition("</pre>")[0]
+        head, *events = log.splitlines()
+        assert head == "opened 1 time", dom.stdout
+        assert [e.split(" ", 2)[:2] for e in events] == [
+            [str(i + 1), kind] for i, kind in enumerate(["status"] + ["item"] * 4 + ["end"])
+        ]
+        items = [json.loads(e.split(" ", 2)[2])["item"] for e in events[1:5]]
+        assert items == [f"4:{s}" for s in range(4)]
+    finally:
+        drain([server])
+
+
+# A page that follows a run's events with EventSource, and writes what it saw once the
+# source closes: how many times it opened, then each event's id, kind and data.
+_FOLLOWER = """<!doctype html><html><body><pre id="log"></pre><script>
+const seen = [];
+let opened = 0;
+const source = new EventSource("%s");
+source.onopen = () => { opened += 1; };
+for (const kind of ["status", "item", "end"]) {
+  source.addEventListener(kind, (e) => seen.push(e.lastEventId + " " + kind + " " + e.data));
+}
+source.onerror = () => {
+  if (source.readyState !== EventSource.CLOSED) return;  // (reconnecting)
+  const log = document.getElementById("log");
+  log.textContent = ["opened " + opened + " time" + (opened === 1 ? "" : "s"), ...seen].join("\\n");
+  log.id = "closed";
+};
+</script></body></html>
+"""
 
 
 def finished_calls(store: str, run_ids: list[str]) -> set[tuple[int, int]]:

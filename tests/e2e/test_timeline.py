@@ -4,48 +4,22 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from .browser import chromium, needs_chromium
 from .procs import Proc, wait_for, worker
 from .test_serve import STAGES, serve
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-if CHROMIUM is None and os.environ.get("BLS_REQUIRE_CHROMIUM"):
-    raise RuntimeError("BLS_REQUIRE_CHROMIUM is set but no chromium is installed")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+pytestmark = needs_chromium
 
 # Bar colours from bls/timeline.py.
 OK = (0x3F, 0x7F, 0xD9)
 REMOTE_OK = (0x2F, 0x9E, 0x8F)
 CANCELLED = (0x8B, 0x93, 0xA5)
-
-
-def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    assert CHROMIUM is not None
-    return subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture
