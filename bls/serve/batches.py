@@ -44,7 +44,7 @@ from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_e
 from .intake import Disconnected, query_of, request_id_of, route_body
 from .routing import Route
 from .run_events import journaled
-from .run_routes import list_limit
+from .run_routes import list_cursor, list_limit
 from .runs import Runs
 
 __all__ = ["Batches"]
@@ -125,9 +125,8 @@ class Batches:
         given) after batch ``after``, paged as OpenAI's list pages them."""
         limit = list_limit(query.get("limit"), 20, 100)
         journal = self.journal
-        rows = await journal.do(
-            journal.runs, entry=self.kind, before=query.get("after"), limit=limit + 1
-        )
+        after = await list_cursor(journal, query.get("after"), "after", "batch")
+        rows = await journal.do(journal.runs, entry=self.kind, before=after, limit=limit + 1)
         more, rows = len(rows) > limit, rows[:limit]
         page = {
             "object": "list",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from ..journal import STATUSES, TERMINAL, RunRow
+from ..journal import STATUSES, TERMINAL, Journal, RunRow
 from .framing import SSE, HttpError, Receive, Scope, Send, respond, send_error, start
 from .intake import header, query_of, request_id_of
 from .routing import Route
@@ -56,13 +56,12 @@ class RunRoutes:
                     path="status",
                 )
             limit = list_limit(query.get("limit"), 50, _MAX_LIST)
+            before = await list_cursor(self.journal, query.get("before"), "before")
         except HttpError as error:
             await send_error(scope, send, error, rid)
             return
         journal = self.journal
-        rows = await journal.do(
-            journal.runs, status=status, before=query.get("before"), limit=limit + 1
-        )
+        rows = await journal.do(journal.runs, status=status, before=before, limit=limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
         data = b",".join(run_body(r, full=False) for r in rows)
@@ -191,3 +190,14 @@ def list_limit(given: str | None, default: int, most: int) -> int:
     if not 1 <= limit <= most:
         raise HttpError(400, "invalid_query", f"limit must be 1 to {most}", path="limit")
     return limit
+
+
+async def list_cursor(
+    journal: Journal, given: str | None, name: str, what: str = "run"
+) -> str | None:
+    """A list route's cursor, query parameter ``name`` (the id of a run, a ``what``: the
+    page goes on past it); HttpError 400 naming it when no run has that id (one
+    forgotten since, say: a page that went on from nowhere would look like the end)."""
+    if given is not None and await journal.do(journal.status, given) is None:
+        raise HttpError(400, "invalid_query", f"no {what} {given!r} to go on from", path=name)
+    return given

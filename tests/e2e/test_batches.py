@@ -156,6 +156,9 @@ def test_batches_are_listed_newest_first_in_the_pages_the_client_follows(
         assert [b.id for b in api.batches.list(after=made[1]).data] == [made[0]]
         with pytest.raises(openai.BadRequestError, match="limit must be 1 to 100"):
             api.batches.list(limit=101)
+        # A page that would go on from no batch is refused, not answered as the end.
+        with pytest.raises(openai.BadRequestError, match="no batch 'batch_gone' to go on from"):
+            api.batches.list(after="batch_gone")
     finally:
         drain([server])
 

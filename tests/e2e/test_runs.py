@@ -126,6 +126,8 @@ def test_a_background_run_answers_what_a_synchronous_request_answers(
         assert [r["entry"] for r in after["data"]] == ["steps"] and not after["has_more"]
         bad = httpx.get(f"{server.address}/v1/runs", params={"status": "done"})
         assert bad.status_code == 400 and bad.json()["error"]["path"] == "status"
+        bad = httpx.get(f"{server.address}/v1/runs", params={"before": "run-gone"})
+        assert bad.status_code == 400 and bad.json()["error"]["path"] == "before"
         assert httpx.get(f"{server.address}/v1/runs/run-nope").status_code == 404
         spec = httpx.get(f"{server.address}/openapi.json").json()
         assert {"/v1/runs", "/v1/runs/{id}", "/v1/runs/{id}/events"} <= set(spec["paths"])
