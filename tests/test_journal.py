@@ -97,7 +97,9 @@ def test_a_run_is_taken_over_only_once_its_owners_lease_ran_out(open_store: Open
 def test_an_outcome_is_written_once(open_store: OpenStore) -> None:
     journal = open_store()
     journal.create(row("r", created=time.time()))
+    assert journal.status("r") == "queued" and journal.status("none") is None
     assert journal.finish("r", "cancelled", error=b'{"error":{}}')
+    assert journal.status("r") == "cancelled"
     assert not journal.finish("r", "succeeded", result=b"1")  # the cancel came first
     done = journal.get("r")
     assert done is not None and (done.status, done.result) == ("cancelled", None)
