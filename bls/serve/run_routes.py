@@ -136,18 +136,19 @@ class RunRoutes:
         while True:
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None
-            # A run that was over before its events were read has its end among them (or
-            # before ``after``): written with its outcome, in one transaction.
-            over = changed is None and await journal.do(journal.status, run_id) in _OVER
             events = await journal.do(journal.events, run_id, after)
+            if not events and changed is None and await journal.do(journal.status, run_id) in _OVER:
+                # Over: its end, written with its outcome in one transaction, is among
+                # its events now (written since the read above), or was before ``after``.
+                events = await journal.do(journal.events, run_id, after)
+                if not events:
+                    return
             for seq, kind, data in events:
                 frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
                 await send({"type": "http.response.body", "body": frame, "more_body": True})
                 after = seq
                 if kind == "end":
                     return
-            if over and not events:
-                return
             if not events:  # (a run of its own wakes it; another frontend's is looked for)
                 with anyio.move_on_after(_POLL_S):
                     await (changed.wait() if changed is not None else anyio.sleep_forever())
