@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .procs import wait_for
+from .procs import free_port, wait_for
 
 ETCD = shutil.which("etcd")
 
@@ -29,12 +28,6 @@ def require_etcd() -> None:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class EtcdServer:
     """etcd on ``host`` (loopback, or a namespaced host's address with ``run`` the prefix
     that runs a program there)."""
@@ -43,7 +36,7 @@ class EtcdServer:
         self.data = data
         self.host = host
         self.run = run or []
-        self.client_port, self.peer_port = _free_port(), _free_port()
+        self.client_port, self.peer_port = free_port(), free_port()
         self.url = f"etcd://{host}:{self.client_port}"
         self.http = f"http://{host}:{self.client_port}"
         self.proc: subprocess.Popen[bytes] | None = None

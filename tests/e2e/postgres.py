@@ -11,14 +11,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from .procs import wait_for
+from .procs import free_port, wait_for
 
 
 def _binaries() -> Path | None:
@@ -62,7 +61,7 @@ class PostgresServer:
         # folders (pytest's, or a $TMPDIR made by mktemp -d).
         root = os.geteuid() == 0
         self.folder = Path(tempfile.mkdtemp(prefix="bls-pg-", dir="/tmp" if root else None))
-        self.port = _free_port()
+        self.port = free_port()
         self.as_user: list[str] = []
         if root:
             user = pwd.getpwnam("postgres")
@@ -123,9 +122,3 @@ class PostgresServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -160,3 +161,10 @@ def last_spans(url: str) -> list[dict[str, object]]:
     trace = httpx.get(f"{url}/debug/requests", headers=accept).json()[0]
     spans = httpx.get(f"{url}/debug/requests/{trace['id']}", headers=accept).json()["spans"]
     return [span for span in spans if not span["remote"]]
+
+
+def free_port() -> int:
+    """A loopback TCP port free now (for a server that must be started on a known one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
