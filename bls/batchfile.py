@@ -38,14 +38,14 @@ from .runtime import Runtime
 from .scope import RequestScope
 from .serve.framing import error_for
 
-__all__ = ["MAX_LINE_BYTES", "Answer", "BatchError", "Progress", "run_batch"]
+__all__ = ["MAX_LINE_BYTES", "Answer", "BatchError", "Progress", "Unreachable", "run_batch"]
 
 log = logging.getLogger("bls.batch")
 
 MAX_LINE_BYTES = 16 * 2**20  # an input line (one request): bls serve's body bound
 NDJSON = "application/x-ndjson"
 MAX_ANSWER_BYTES = 256 * 2**20  # a server's answer to one line
-RETRIES = 5  # a line refused for now (429, 503) or not connected is tried again
+RETRIES = 5  # a line refused for now (429, 503) or not connected is tried again (--retries)
 FORMAT = 1
 
 # One line's answer: {"result": ...} or {"error": {...}} (its number is added on write).
@@ -57,6 +57,12 @@ Call = Callable[[int, bytes], Awaitable[Answer]]
 
 class BatchError(UsageError):
     """A batch that cannot start: its input, output or progress file (a one-line message)."""
+
+
+class Unreachable(Exception):
+    """The server could not be connected to, every try of a line failed: the batch stops,
+    its progress kept (no line could be answered; marking each one failed would make the
+    same command, run again once the server is back, skip them all)."""
 
 
 def survey(path: Path) -> tuple[dict[str, Any], int]:
@@ -109,12 +115,16 @@ class Progress:
         self.errors = 0
         self._file: BinaryIO
         header = json.dumps({"bls_batch": FORMAT, **ident}).encode() + b"\n"
-        if self.path.exists() and self.path.stat().st_size > 0:  # (empty: stopped at once)
-            self._resume(header)
-        else:
-            self._file = self.path.open("w+b")
-            self._file.write(header)
-            self._file.flush()
+        try:
+            if self.path.exists() and self.path.stat().st_size > 0:  # (empty: stopped at once)
+                self._resume(header)
+            else:
+                self._file = self.path.open("w+b")
+                self._file.write(header)
+                self._file.flush()
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise BatchError(f"cannot write --output {output}: {self.path}: {why}") from None
 
     def _resume(self, header: bytes) -> None:
         self._file = self.path.open("r+b")
@@ -175,8 +185,10 @@ async def run_batch(
     tick: Callable[[int, int], None] = lambda done, errors: None,
 ) -> None:
     """Run every line of ``path`` that ``progress`` does not hold, ``concurrency`` at a
-    time; ``tick(done, errors)`` after each."""
+    time; ``tick(done, errors)`` after each. :class:`Unreachable` when a line's call
+    raised it: the lines under way then are cancelled, unanswered."""
     slots = anyio.Semaphore(concurrency)
+    stopped: list[Unreachable] = []
 
     async def one(n: int, raw: bytes | None) -> None:
         try:
@@ -184,7 +196,12 @@ async def run_batch(
                 bound = f"{MAX_LINE_BYTES // 2**20} MiB"
                 answer = {"error": _error("invalid_request", f"the line is over {bound}")}
             else:
-                answer = await call(n, raw)
+                try:
+                    answer = await call(n, raw)
+                except Unreachable as exc:
+                    stopped.append(exc)
+                    tg.cancel_scope.cancel()
+                    return
             try:
                 progress.add(n, answer)
             except (TypeError, msgspec.EncodeError) as exc:  # (written only once encoded)
@@ -201,6 +218,8 @@ async def run_batch(
                 continue
             await slots.acquire()
             tg.start_soon(one, n, raw)
+    if stopped:
+        raise stopped[0]
     if len(progress.done) < lines:  # (the input changed under the run)
         raise BatchError(f"--input {path} changed while it ran: remove {progress.path}")
 
@@ -224,28 +243,46 @@ def script_call(runtime: Runtime, entry: Script, timeout: float | None) -> Call:
     return call
 
 
-def url_call(client: httpx.AsyncClient, url: str, entry: str, timeout: float | None) -> Call:
+def url_call(
+    client: httpx.AsyncClient,
+    url: str,
+    entry: str,
+    timeout: float | None,
+    retries: int = RETRIES,
+) -> Call:
     """Each line a ``POST /v1/scripts/ENTRY`` to the server at ``url``. A refusal that
     says to come back (429, 503) or a connection that fails is tried again, up to
-    :data:`RETRIES` times, after ``Retry-After`` (or 1, 2, 4... s, at most 30)."""
+    ``retries`` times, after ``Retry-After`` (or 1, 2, 4... s, at most 30). The last
+    refusal is the line's answer; a connection that failed every time raises
+    :class:`Unreachable` (the server is down, not the line wrong); a failure after the
+    request was sent (the connection cut, an answer that is not HTTP) is the line's
+    answer, an ``unreachable`` error."""
     target = f"{url.rstrip('/')}/v1/scripts/{entry}"
     headers = {"content-type": "application/json", "accept": f"{NDJSON}, application/json"}
     if timeout is not None:
         headers["x-request-timeout"] = f"{timeout:g}"
 
     async def call(n: int, raw: bytes) -> Answer:
-        for attempt in range(RETRIES + 1):
+        for attempt in range(retries + 1):
             wait = min(2.0**attempt, 30.0)
             try:
                 async with client.stream("POST", target, content=raw, headers=headers) as got:
-                    if got.status_code not in (429, 503) or attempt == RETRIES:
+                    if got.status_code not in (429, 503) or attempt == retries:
                         return await _answer_of(got)
                     wait = _retry_after(got.headers.get("retry-after"), wait)
+                    log.debug("line %d: refused for now (HTTP %d)", n, got.status_code)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if attempt == retries:
+                    raise Unreachable(f"cannot connect to {url}: {exc}") from None
+                log.warning(
+                    "line %d: cannot connect to %s (%s); trying again in %gs", n, url, exc, wait
+                )
             except httpx.HTTPError as exc:
-                if attempt == RETRIES:
+                if attempt == retries:
                     return {"error": _error("unreachable", f"{target}: {exc}")}
+                log.warning("line %d: %s: %s; trying again in %gs", n, target, exc, wait)
             await anyio.sleep(wait)
-        raise AssertionError("unreachable")  # (the last attempt returns)
+        raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
     return call
 

@@ -89,8 +89,9 @@ def _batch(sub: Any) -> None:
         'URL). OUTPUT gets one JSON line per request, in input order: {"line": N, '
         '"result": ...} or {"line": N, "error": {...}}, the error as bls serve '
         "answers it. Progress is kept in OUTPUT.progress as lines finish: stopped (Ctrl-C, "
-        "a crash), the same command again runs only the lines not done. Exits 0 once every "
-        "line has its answer, errors included (count them with jq).",
+        "a crash, a server that cannot be reached), the same command again runs only the "
+        "lines not done. Exits 0 once every line has its answer, errors included (count "
+        "them with jq).",
     )
     p.add_argument("target", help="a script file, or the URL of a bls serve")
     p.add_argument("--entry", help="entrypoint name (optional when a script has one)")
@@ -103,6 +104,15 @@ def _batch(sub: Any) -> None:
         default=8,
         metavar="N",
         help="lines run at once, 1 to 10000 (default 8)",
+    )
+    p.add_argument(
+        "--retries",
+        type=count(0, 100),
+        default=None,
+        metavar="N",
+        help="with a URL: how many times a line refused for now (429, 503) or not "
+        "connected is tried again, 0 to 100 (default 5); a server still not connected "
+        "after them stops the batch, its progress kept",
     )
     _running(p, "each line")
     p.set_defaults(handler=commands.batch)

@@ -71,7 +71,7 @@ def batch(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .batchfile import Progress as Done
-    from .batchfile import run_batch, survey
+    from .batchfile import Unreachable, run_batch, survey
 
     claim_stdout()
     setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
@@ -93,19 +93,26 @@ def batch(args: argparse.Namespace) -> int:
             call = await enter(stack)
             await run_batch(call, source, done, requests, args.concurrency, tick)
 
-    try:
-        with bar:
-            anyio.run(main, backend=args.backend)
-    except KeyboardInterrupt:
+    def stopped(level: int, why: str) -> None:
         done.close()
-        log = logging.getLogger("bls")
-        log.warning(
-            "stopped: %d of %d lines done, in %s; run the same command again to go on",
+        logging.getLogger("bls").log(
+            level,
+            "%sstopped: %d of %d lines done, in %s; run the same command again to go on",
+            why,
             len(done.done),
             requests,
             done.path,
         )
+
+    try:
+        with bar:
+            anyio.run(main, backend=args.backend)
+    except KeyboardInterrupt:
+        stopped(logging.WARNING, "")
         return 130
+    except Unreachable as exc:
+        stopped(logging.ERROR, f"{exc}; ")
+        return 1
     except BaseException:
         done.close()
         raise
@@ -118,7 +125,7 @@ def batch(args: argparse.Namespace) -> int:
 def _batch_call(args: argparse.Namespace) -> Callable[[contextlib.AsyncExitStack], Awaitable[Call]]:
     """What runs a batch's lines, entered on the batch's event loop: the script with its
     runtime, or a client of the server at the URL."""
-    from .batchfile import BatchError, script_call, url_call
+    from .batchfile import RETRIES, BatchError, script_call, url_call
 
     if args.target.startswith(("http://", "https://")):
         import httpx
@@ -127,6 +134,13 @@ def _batch_call(args: argparse.Namespace) -> Callable[[contextlib.AsyncExitStack
             raise BatchError("name the server's entry to run with --entry NAME")
         if args.bind or args.config:
             raise BatchError("--bind and --config are for a script: a server binds its own")
+        try:
+            host = httpx.URL(args.target).host
+        except httpx.InvalidURL as exc:
+            raise BatchError(f"{args.target} is not a URL: {exc}") from None
+        if not host:
+            raise BatchError(f"{args.target} names no host")
+        retries = RETRIES if args.retries is None else args.retries
         read = None if args.timeout is None else args.timeout + 30  # (the server's bound)
         timeout = httpx.Timeout(10.0, read=read, write=60.0, pool=None)
         limits = httpx.Limits(max_connections=args.concurrency)
@@ -134,9 +148,11 @@ def _batch_call(args: argparse.Namespace) -> Callable[[contextlib.AsyncExitStack
         async def client(stack: contextlib.AsyncExitStack) -> Call:
             http = httpx.AsyncClient(timeout=timeout, limits=limits)
             await stack.enter_async_context(http)
-            return url_call(http, args.target, args.entry, args.timeout)
+            return url_call(http, args.target, args.entry, args.timeout, retries)
 
         return client
+    if args.retries is not None:
+        raise BatchError("--retries is for a URL: a script's lines run in this process")
     from .scriptfile import ScriptFile
 
     app = ScriptFile(args.target, config_file=args.config, binds=args.bind)

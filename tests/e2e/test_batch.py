@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .cli import BLS, ROOT, bls_env, run_bls
-from .procs import start, stop, wait_for
+from .procs import free_port, start, stop, wait_for
 
 SCRIPT = str(ROOT / "tests/e2e/batch/lines.py")
 
@@ -166,3 +166,95 @@ def test_a_line_over_the_bound_is_an_answer_not_a_failed_batch(tmp_path: Path, c
     first, over, last = _answers(out)
     assert over["line"] == 2 and over["error"]["message"] == "the line is over 16 MiB"
     assert (first["result"]["word"], last["result"]["word"]) == ("A", "B")
+
+
+def test_a_line_refused_for_now_is_tried_again_after_retry_after(
+    tmp_path: Path, calls: Path
+) -> None:
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = bls_env(BLS_BATCH_CALLS=str(calls), BLS_BATCH_HOLD=str(hold))
+    # One request at a time, none waiting: while "hold" runs, "a" is answered 429.
+    serve = ["serve", SCRIPT, "--port", "0", "--max-inflight", "1", "--max-queued", "0"]
+    server = start(serve, env=env)
+    try:
+        source = _write_input(tmp_path / "in.jsonl", ['{"word": "hold"}', '{"word": "a"}'])
+        out = tmp_path / "out.jsonl"
+        argv = [BLS, "batch", server.address, "--entry", "shout", "--input", str(source)]
+        argv += ["--output", str(out), "-c", "2", "--retries", "3"]
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: " /v1/scripts/shout 429 " in server.log(), 30)
+            hold.unlink()
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert proc.returncode == 0, stderr
+        assert _answers(out) == [
+            {"line": 1, "result": {"word": "HOLD", "length": 4}},
+            {"line": 2, "result": {"word": "A", "length": 1}},
+        ]
+        assert Counter(calls.read_text().splitlines()) == Counter({"hold": 1, "a": 1})
+    finally:
+        stop(server.popen)
+
+
+def test_a_server_that_cannot_be_reached_stops_the_batch_and_it_goes_on_later(
+    tmp_path: Path, calls: Path
+) -> None:
+    port = free_port()  # nothing listens there yet
+    url = f"http://127.0.0.1:{port}"
+    source = _write_input(tmp_path / "in.jsonl", [json.dumps({"word": w}) for w in _words(5)])
+    out, progress = tmp_path / "out.jsonl", tmp_path / "out.jsonl.progress"
+    args = ["--input", str(source), "--output", str(out)]
+
+    for backend in ("asyncio", "trio"):
+        down = _batch(calls, url, *args, "--retries", "1", "--backend", backend)
+        assert down.returncode == 1
+        assert f"cannot connect to {url}" in down.stderr
+        assert "stopped: 0 of 5 lines done" in down.stderr
+        assert "run the same command again to go on" in down.stderr
+        assert not out.exists() and progress.exists()  # no line was marked failed
+
+    # Again, while the server is still down: it tries again until the server is up.
+    log = tmp_path / "batch.log"
+    argv = [BLS, "batch", url, "--entry", "shout", *args]
+    with log.open("w") as err:
+        proc = subprocess.Popen(argv, env=bls_env(BLS_BATCH_CALLS=str(calls)), stderr=err)
+    server = None
+    try:
+        wait_for(lambda: "trying again" in log.read_text(), 30)
+        serve = ["serve", SCRIPT, "--port", str(port)]
+        server = start(serve, env=bls_env(BLS_BATCH_CALLS=str(calls)))
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if server is not None:
+            stop(server.popen)
+    answers = _answers(out)
+    assert [a["result"]["word"] for a in answers] == [w.upper() for w in _words(5)]
+    assert Counter(calls.read_text().splitlines()) == Counter(_words(5))
+
+
+def test_what_cannot_be_a_batch_is_refused_before_it_starts(tmp_path: Path, calls: Path) -> None:
+    source = _write_input(tmp_path / "in.jsonl", ['{"word": "a"}'])
+    out = tmp_path / "out.jsonl"
+    cases = [
+        (["http://[::1", "--entry", "shout"], "error: http://[::1 is not a URL: Invalid port"),
+        (["http://", "--entry", "shout"], "error: http:// names no host"),
+        ([SCRIPT, "--retries", "2"], "error: --retries is for a URL"),
+    ]
+    for target, said in cases:
+        refused = _batch(calls, *target, "--input", str(source), "--output", str(out))
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    nowhere = tmp_path / "no-such-folder" / "out.jsonl"
+    refused = _batch(calls, SCRIPT, "--input", str(source), "--output", str(nowhere))
+    assert refused.returncode == 1
+    assert f"error: cannot write --output {nowhere}: " in refused.stderr
+    assert "No such file or directory" in refused.stderr
+    assert not list(tmp_path.glob("**/*.progress")) and not calls.exists()
