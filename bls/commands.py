@@ -76,9 +76,9 @@ def batch(args: argparse.Namespace) -> int:
     claim_stdout()
     setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
     source, output = Path(args.input), Path(args.output)
-    ident, requests = survey(source)
+    ident, requests, lines = survey(source)
     enter = _batch_call(args)
-    done = Done(output, ident)
+    done = Done(output, ident, lines)
     console = Console(stderr=True)
     columns = [TextColumn("[bold]bls batch"), BarColumn(), MofNCompleteColumn()]
     columns += [TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn()]
