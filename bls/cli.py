@@ -32,6 +32,7 @@ from .flags import (
     add_discovery_args,
     add_verbose_arg,
     count,
+    origin,
     seconds,
 )
 from .journal import JournalError
@@ -296,6 +297,15 @@ def _serve(sub: Any) -> None:
         metavar="NAME",
         help="another model name the chat route answers to (repeatable); a request naming "
         "a model not served is answered 404, as vllm serve does",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        type=origin,
+        metavar="ORIGIN",
+        help="an origin (https://app.example:8443) whose pages may call the server from a "
+        "browser: CORS headers and preflights (repeatable; * for any). Default: none",
     )
     p.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -347,6 +347,7 @@ def serve(args: argparse.Namespace) -> int:
             record_to=args.record,
             reuse_port=args.reuse_port,
             shared_metrics=args.shared_metrics,
+            cors_origins=args.cors_origin,
             on_ready=lambda url, down: emit(ready_line(url, down)),
         ),
         backend=args.backend,

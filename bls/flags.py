@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "add_discovery_args",
     "add_verbose_arg",
     "count",
+    "origin",
     "seconds",
 ]
 
@@ -132,3 +134,21 @@ def count(least: int, most: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+# An origin as a browser sends it: scheme://host[:port], nothing after.
+_ORIGIN = re.compile(r"https?://([a-z0-9.\-]+|\[[0-9a-f:.]+\])(:[0-9]{1,5})?")
+
+
+def origin(text: str) -> str:
+    """``*``, or a web origin (``https://app.example:8443``; lower-cased, a trailing
+    slash dropped): ``--cors-origin``'s value."""
+    if text == "*":
+        return text
+    value = text.strip().lower().removesuffix("/")
+    if not _ORIGIN.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"expected * or an origin, scheme://host[:port] (http or https, no path) as a "
+            f"browser sends it, got {text!r}"
+        )
+    return value

@@ -55,6 +55,7 @@ from .admission import Admission, Ticket
 from .answers import answer_entry
 from .batches import Batches
 from .chat_answers import answer_chat
+from .cors import Cors
 from .files import Files
 from .framing import (
     HttpError,
@@ -112,8 +113,10 @@ class Frontend:
         records: RecordWriter | None = None,
         admission: AdmissionConfig | None = None,
         runs: Runs | None = None,
+        cors: Cors | None = None,
     ) -> None:
         self.entries = entries
+        self.cors = cors  # the origins whose pages may call (bls serve --cors-origin)
         self.runs = runs  # background runs (None: Prefer: respond-async is not offered)
         self.records = records  # each request's record goes here (bls serve --record)
         self.runtime = runtime
@@ -157,6 +160,11 @@ class Frontend:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
+            if self.cors is not None:
+                cors_send = await self.cors.route(scope, send)
+                if cors_send is None:
+                    return  # (a preflight, answered)
+                send = cors_send
             try:
                 handler, rest = self._router.match(scope["method"], scope["path"])
             except HttpError as error:

@@ -30,6 +30,7 @@ from ..record_writer import RecordWriter
 from ..scriptfile import ScriptFile
 from ..stores import open_journal
 from .app import Frontend
+from .cors import Cors
 from .intake import Limits
 from .metrics_share import SharedMetrics
 from .runs import Runs
@@ -244,13 +245,15 @@ async def serve(
     on_ready: Callable[[str, list[str]], None] = lambda url, _: print(f"ready {url}", flush=True),
     reuse_port: bool = False,
     shared_metrics: str | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> int:
     """Serve ``app`` until SIGTERM/SIGINT, then drain; returns the exit status (0).
     ``on_ready(url, unreachable)`` is told the URL and the stages not reachable yet;
     ``record_to``: a folder each request's record is written to (its bindings record).
     ``reuse_port`` and ``shared_metrics`` (a folder): one of the processes of ``bls serve
     --processes`` (:mod:`.processes`), on the port with its siblings, its ``/metrics``
-    theirs too (:mod:`.metrics_share`)."""
+    theirs too (:mod:`.metrics_share`). ``cors_origins``: the origins whose pages may
+    call it (``*``: any; :mod:`.cors`)."""
     backend, server, run_server = _server_for(server)
     from .otel import from_environment
 
@@ -278,6 +281,7 @@ async def serve(
                 records=records,
                 admission=app.config.admission,
                 runs=runs,
+                cors=Cors(cors_origins) if cors_origins else None,
             )
             await _start_beside(frontend, tg, shared_metrics)
             sock = _listen(host, port, reuse_port)
