@@ -107,7 +107,8 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     then); ``max_running``: runs at once in a frontend (the rest wait, queued);
     ``max_queued``: runs that may wait (more are answered 429); ``timeout_s``: a run's
     deadline when its request names none; ``retain_s``, ``retain``: finished runs are
-    forgotten after this long, and past this many; ``max_result_bytes``: a streaming
+    forgotten after this long, and past the newest this many runs (of any status: a
+    queued or running one counts, and is never forgotten); ``max_result_bytes``: a streaming
     run's items kept as its result (past it, its result is null: they are in its
     events); ``max_event_streams``: ``/events`` streams open at once (more get 503);
     ``max_file_bytes``: a file of the Files API (``POST /v1/files``, a batch's output), at

@@ -275,32 +275,45 @@ class Journal:
             [(run_id, owner) for run_id in run_ids],
         )
 
-    def prune(self, *, older_than: float | None = None, keep: int | None = None) -> int:
+    def prune(
+        self, *, older_than: float | None = None, keep: int | None = None, limit: int = _EVERY
+    ) -> int:
         """Forget finished runs that ended more than ``older_than`` s ago (and files made
-        that long ago), and all but the newest ``keep`` finished runs; how many runs went."""
+        that long ago), and finished runs past the newest ``keep`` runs (a queued or
+        running one is never forgotten, and counts among them): at most ``limit`` runs a
+        call (a call holds the store, and on SQLite the event loop, while it works: call
+        again while it returns ``limit``); how many runs went."""
         gone: set[str] = set()
         if older_than is not None:
+            cutoff = time.time() - older_than
             rows = self._execute(
                 "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
-                "AND ended < ?",
-                (time.time() - older_than,),
+                "AND created < ? AND ended < ? LIMIT ?",  # (created: the index narrows)
+                (cutoff, cutoff, limit),
             )
             gone.update(r[0] for r in rows.fetchall())
-        if keep is not None:
+        if keep is not None and len(gone) < limit:
+            # The time of the newest run past the keep newest (of any status: the index
+            # by age alone answers, not a row read), then the finished ones made then
+            # or before.
             rows = self._execute(
-                "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
-                "ORDER BY created DESC, id DESC LIMIT ? OFFSET ?",
-                (_EVERY, keep),
+                "SELECT created FROM runs ORDER BY created DESC LIMIT 1 OFFSET ?", (keep,)
             )
-            gone.update(r[0] for r in rows.fetchall())
+            newest_gone = rows.fetchone()
+            if newest_gone is not None:
+                rows = self._execute(
+                    "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
+                    "AND created <= ? LIMIT ?",
+                    (newest_gone[0], limit - len(gone)),
+                )
+                gone.update(r[0] for r in rows.fetchall())
         if older_than is not None:
             self._execute("DELETE FROM files WHERE created < ?", (time.time() - older_than,))
         if gone:
+            ids = [(g,) for g in sorted(gone)]  # (in one order: frontends pruning at once)
             with self._transaction():
                 for table, column in (("runs", "id"), ("calls", "run"), ("events", "run")):
-                    self._execute_many(
-                        f"DELETE FROM {table} WHERE {column} = ?", [(g,) for g in gone]
-                    )
+                    self._execute_many(f"DELETE FROM {table} WHERE {column} = ?", ids)
         return len(gone)
 
     # -- calls ----------------------------------------------------------------------------

@@ -128,12 +128,32 @@ def test_finished_runs_are_forgotten_by_age_and_count(open_store: OpenStore) -> 
         journal.create(row(f"r{n}", created=now + n))
         if n < 4:
             journal.finish(f"r{n}", "succeeded", result=b"1")
-    journal._execute("UPDATE runs SET ended = ? WHERE id = 'r0'", (now - 100,))
+    journal._execute(
+        "UPDATE runs SET created = ?, ended = ? WHERE id = 'r0'", (now - 200, now - 100)
+    )
     assert journal.prune(older_than=50) == 1
-    assert journal.prune(keep=2) == 1  # r1 (r4 is not finished: it stays)
+    assert journal.prune(keep=3) == 1  # r1 (r4, not finished, counts among the 3 kept)
     assert [r.id for r in journal.runs()] == ["r4", "r3", "r2"]
     assert [r.id for r in journal.runs(status="succeeded", limit=1)] == ["r3"]
     assert [r.id for r in journal.runs(before="r3")] == ["r2"]
+    assert journal.prune(keep=0) == 2  # a run not finished is never forgotten
+    assert [r.id for r in journal.runs()] == ["r4"]
+
+
+def test_runs_are_forgotten_a_slice_at_a_time(open_store: OpenStore) -> None:
+    journal = open_store()
+    now = time.time()
+    call = RecordedCall(stage="s", streaming=False, request=b"\x80", start=0.0, result_type=None)
+    for n in range(10):
+        journal.create(row(f"r{n}", created=now + n))
+        journal.call(f"r{n}", 0, call, done=True)
+        journal.event(f"r{n}", 1, "item", b"1")
+        journal.finish(f"r{n}", "succeeded", result=b"1")
+    # (A caller calls again while a slice comes back full: each holds the store briefly.)
+    assert [journal.prune(keep=1, limit=4) for _ in range(4)] == [4, 4, 1, 0]
+    assert [r.id for r in journal.runs()] == ["r9"]
+    assert journal.calls("r0") == [] and journal.events("r0") == []  # all of a run goes
+    assert len(journal.calls("r9")) == 1 and len(journal.events("r9")) == 1
 
 
 def test_two_frontends_claiming_at_once_never_both_get_a_run(open_store: OpenStore) -> None:

@@ -52,6 +52,9 @@ log = logging.getLogger("bls.runs")
 _encode = msgspec.json.encode
 
 _CANCEL_WAIT_S = 5.0  # how long DELETE waits for a run of its own to end
+_PRUNE_SLICE = 1000  # runs forgotten at a time (about 10 ms of SQLite on a local disk)
+_PRUNE_PAUSE_S = 0.1  # between slices while more are due
+_PRUNE_EVERY_S = 60.0  # how often old runs are looked for
 _RUNNING = b'{"status":"running"}'  # a run's first event
 
 
@@ -103,23 +106,17 @@ class Runs:
     ) -> None:
         """Run until cancelled: the runs' task group, and every ``lease_s / 5`` s the
         leases renewed, cancels carried out, runs taken over (see the module's
-        docstring), old runs pruned."""
+        docstring); old runs pruned beside (:meth:`_prune`)."""
         config = self.config
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(self._prune)
             task_status.started()
-            pruned = 0.0
             while True:
                 try:
                     if not self._drain.draining:
                         await self._renew()
                         await self._take_over()
-                    if time.monotonic() - pruned > 60:
-                        pruned = time.monotonic()
-                        journal = self.journal
-                        await journal.do(
-                            journal.prune, older_than=config.retain_s, keep=config.retain
-                        )
                 except JournalError:
                     # (Tried again at the next turn; a lease not renewed meanwhile may be
                     # taken over by another frontend, which this one then hears of.)
@@ -127,6 +124,28 @@ class Runs:
                 with anyio.move_on_after(config.lease_s / 5):
                     await self._room.wait()
                 self._room = anyio.Event()
+
+    async def _prune(self) -> None:
+        """Forget runs past ``retain_s`` and ``retain``, :data:`_PRUNE_SLICE` at a time:
+        every :data:`_PRUNE_EVERY_S`, and while a slice comes back full, again after
+        :data:`_PRUNE_PAUSE_S` (a slice holds the store, and on SQLite the event loop,
+        for milliseconds; forgetting a hundred thousand runs at once held it for seconds,
+        leases unrenewed meanwhile)."""
+        journal, config = self.journal, self.config
+        while True:
+            try:
+                gone = await journal.do(
+                    journal.prune,
+                    older_than=config.retain_s,
+                    keep=config.retain,
+                    limit=_PRUNE_SLICE,
+                )
+            except JournalError:
+                log.exception("background runs: the runs store failed to forget old runs")
+                gone = 0
+            if gone:
+                log.debug("background runs: forgot %d old run(s)", gone)
+            await anyio.sleep(_PRUNE_PAUSE_S if gone == _PRUNE_SLICE else _PRUNE_EVERY_S)
 
     def _lease(self) -> float:
         return time.time() + self.config.lease_s

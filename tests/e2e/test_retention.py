@@ -1,0 +1,100 @@
+"""Retention of background runs on a real `bls serve`: a store holding far more finished
+runs than `[runs] retain` is brought down to it a slice at a time, the server serving
+meanwhile and the runs it is running kept."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+
+from bls.stores import open_journal
+
+from .procs import drain, start, wait_for
+
+SCRIPT = """
+import anyio
+import bls
+
+
+@bls.script
+async def hold(req):
+    await anyio.sleep(req["s"])
+    return {"held": req["s"]}
+"""
+
+
+def _fill(path: Path, n: int) -> None:
+    """``n`` runs that ended a day ago, each with a call and two events."""
+    open_journal(f"sqlite://{path}").close()  # (the schema)
+    day_ago = time.time() - 86400
+    ids = [f"run-old-{i:08d}" for i in range(n)]
+    db = sqlite3.connect(path)
+    with db:
+        db.executemany(
+            "INSERT INTO runs (id, script, entry, status, request, priority, created, started, "
+            "ended, result, lease) VALUES (?, '/s.py', 'e', 'succeeded', x'80', 0, ?, ?, ?, "
+            "x'7b7d', 0)",
+            [
+                (run_id, day_ago + i / 1000, day_ago + i / 1000, day_ago + i / 1000)
+                for i, run_id in enumerate(ids)
+            ],
+        )
+        db.executemany(
+            "INSERT INTO calls (run, seq, call, done) VALUES (?, 0, x'80', 1)", [(r,) for r in ids]
+        )
+        db.executemany(
+            "INSERT INTO events (run, seq, kind, data) VALUES (?, ?, 'item', x'31')",
+            [(r, seq) for r in ids for seq in (1, 2)],
+        )
+    db.close()
+
+
+def _count(path: Path, table: str) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    finally:
+        db.close()
+
+
+def _slices(log: str) -> list[int]:
+    """How many runs each pass forgot, from the server's debug log."""
+    return [int(n) for n in re.findall(r"background runs: forgot (\d+) old run", log)]
+
+
+def test_a_store_past_its_retention_is_pruned_in_slices_while_the_server_serves(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "runs.sqlite3"
+    _fill(store, 5000)  # five slices' worth past what is kept
+    script = tmp_path / "hold.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "bls.toml").write_text("[runs]\nretain = 100\n")
+    argv = ["serve", str(script), "--port", "0", "--runs", f"sqlite://{store}"]
+    server = start([*argv, "--log-level", "debug"])
+    try:
+        url = server.address
+        running = httpx.post(
+            f"{url}/v1/scripts/hold", json={"s": 30}, headers={"prefer": "respond-async"}
+        ).json()
+        # Every slice goes, one after another (not one a minute), down to what is kept;
+        # none larger than a slice (each holds the event loop while SQLite works).
+        wait_for(lambda: _count(store, "runs") <= 100, 60, interval=0.1)
+        wait_for(
+            lambda: sum(_slices(server.log())) == 4901, 10
+        )  # (5,001 runs, the running one too)
+        assert max(_slices(server.log())) == 1000 and len(_slices(server.log())) == 5
+        assert _count(store, "runs") >= 99  # (the newest kept, the running one among them)
+        assert _count(store, "calls") <= 100 and _count(store, "events") <= 200
+        assert httpx.get(f"{url}/v1/runs/{running['id']}").json()["status"] == "running"
+        assert httpx.post(f"{url}/v1/scripts/hold", json={"s": 0}).json() == {"held": 0}
+        gone = httpx.get(f"{url}/v1/runs/run-old-00000000")
+        assert gone.status_code == 404
+        assert httpx.get(f"{url}/v1/runs/run-old-00004999").json()["status"] == "succeeded"
+        assert httpx.delete(f"{url}/v1/runs/{running['id']}").json()["status"] == "cancelled"
+    finally:
+        drain([server])
