@@ -87,6 +87,8 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (script, status, lease);
 CREATE INDEX IF NOT EXISTS runs_by_age ON runs (created);
+CREATE INDEX IF NOT EXISTS runs_by_status_age ON runs (status, created);
+CREATE INDEX IF NOT EXISTS runs_by_entry_age ON runs (entry, created);
 CREATE TABLE IF NOT EXISTS calls (
     run TEXT NOT NULL, seq INTEGER NOT NULL, call {blob} NOT NULL, done INTEGER NOT NULL,
     PRIMARY KEY (run, seq)
