@@ -330,6 +330,7 @@ def serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_header_bytes=args.max_header_bytes,
         body_timeout=args.body_timeout,
+        send_timeout=args.send_timeout,
         grace=args.grace,
         trace_keep=args.trace_keep,
     )

@@ -107,6 +107,15 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
         "0 = no bound but the request's deadline)",
     )
     p.add_argument(
+        "--send-timeout",
+        type=seconds(positive=True),
+        default=60.0,
+        metavar="S",
+        help="seconds a client may take none of an answer's bytes (its connection's buffer "
+        "full) before it is disconnected, and the answer dropped (default 60, as nginx's "
+        "send_timeout; Hypercorn keeps its own rules)",
+    )
+    p.add_argument(
         "--grace",
         type=seconds(),
         default=30.0,

@@ -172,6 +172,8 @@ class Frontend:
                 return
             try:
                 await handler(scope, receive, send, rest)
+            except HttpError as error:  # (before its answer began: a large one refused)
+                await _refuse(scope, send, error)
             except JournalError as exc:  # (a route of runs, files or batches: the store)
                 log.error("%s %s: %s", scope["method"], loggable(scope["path"]), exc)
                 failed = HttpError(503, "store_unavailable", str(exc))
@@ -467,7 +469,8 @@ class Frontend:
 
 
 async def _refuse(scope: Scope, send: Send, error: HttpError) -> None:
-    """Answer a request no route takes (404, 405), with its line in the access log."""
+    """Answer a request no route takes (404, 405), or that its route refused without
+    answering (a large answer past the bound), with its line in the access log."""
     rid = request_id_of(scope)
     await send_error(scope, send, error, rid)
     path = loggable(scope["path"])

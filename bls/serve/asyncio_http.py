@@ -5,7 +5,8 @@ makes one :class:`AsyncioPeer` per connection (its ``http=`` setting): an asynci
 protocol whose calls push the bytes into the :class:`.peer.Peer` the trio driver shares,
 and which answers each request in a task of its own. The rules are :mod:`.http11`'s;
 what is asyncio's is here: pausing the transport's reading (past 64 KiB of unread body,
-and while a pipelined request waits), waiting while its write buffer is full, and a
+and while a pipelined request waits), waiting after a write while its write buffer is
+full (``--send-timeout`` at most: then the connection is dropped), and a
 connection's idle time (keep-alive) as one fixed delay on one shared timer
 (:meth:`bls.loop.Backend.delays`): a dict insert and a delete per request where Uvicorn
 makes and cancels a loop timer.
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..loop import Delays, backend
 from .exchange import Exchange
-from .http11 import MAX_HEADER_BYTES, default_lines
+from .http11 import MAX_HEADER_BYTES, SEND_S, default_lines
 from .peer import Peer
 
 __all__ = ["AsyncioPeer", "connection_class"]
@@ -40,6 +41,7 @@ class AsyncioPeer(Peer):
         loop: Any,
         idle: Delays[AsyncioPeer],
         max_header_bytes: int = MAX_HEADER_BYTES,
+        send_timeout: float = SEND_S,
     ) -> None:
         if not config.loaded:
             config.load()
@@ -56,6 +58,7 @@ class AsyncioPeer(Peer):
         self.connections: set[Any] = server_state.connections
         self.tasks: set[Any] = server_state.tasks
         self.idle_timer = idle  # the connections waiting for their next request, on one timer
+        self.send_timeout = send_timeout  # a client that takes no bytes this long is dropped
         self.transport: Any = None
         self.read_paused = False
         self.write_paused = False
@@ -111,13 +114,29 @@ class AsyncioPeer(Peer):
         self.tasks.add(task)
 
     async def write(self, data: bytes) -> None:
-        if self.write_paused:
-            writable = self.writable
-            if writable is None or writable.done():  # (one whose waiter was cancelled is done)
-                writable = self.writable = self.loop.create_future()
-            await writable
-        if not self.transport.is_closing():
-            self.transport.write(data)
+        """``data`` handed to the transport; then, while its buffer is past its high-water
+        mark, until the client has taken it (``send_timeout`` at most: then the connection
+        is dropped, the buffer with it), so that an answer is held by its sender, and
+        bounded there, not piled up in buffers."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(data)
+        if not self.write_paused:
+            return
+        writable = self.writable
+        if writable is None or writable.done():  # (one whose waiter was cancelled is done)
+            writable = self.writable = self.loop.create_future()
+        timer = self.loop.call_later(self.send_timeout, self._too_slow)
+        try:
+            await writable  # (dropping the connection resumes it: connection_lost)
+        finally:
+            timer.cancel()
+
+    def _too_slow(self) -> None:
+        client, waited = self.connection["client"], self.send_timeout
+        log.info("%s took none of an answer for %gs: closed", client, waited)
+        self.transport.abort()
 
     async def more(self, exchange: Exchange) -> None:
         self.resume_reading()
@@ -176,13 +195,20 @@ def _why(refused: bytes) -> str:
     return refused.rpartition(b"\r\n\r\n")[2].decode(errors="replace")
 
 
-def connection_class(keep_alive: float, loop: Any, max_header_bytes: int = MAX_HEADER_BYTES) -> Any:
+def connection_class(
+    keep_alive: float,
+    loop: Any,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    send_timeout: float = SEND_S,
+) -> Any:
     """What Uvicorn's ``http=`` takes: makes an :class:`AsyncioPeer` on ``loop`` whose
-    idle time is ``keep_alive`` seconds, sharing one timer with the loop's others, and
-    whose requests' headers are bounded by ``max_header_bytes``."""
+    idle time is ``keep_alive`` seconds, sharing one timer with the loop's others, whose
+    requests' headers are bounded by ``max_header_bytes``, and whose client is dropped
+    when it takes none of an answer for ``send_timeout`` seconds."""
     idle: Delays[AsyncioPeer] = backend().delays(keep_alive, AsyncioPeer.close_idle)
 
     def connection(*args: Any, **kwargs: Any) -> AsyncioPeer:
-        return AsyncioPeer(*args, loop=loop, idle=idle, max_header_bytes=max_header_bytes, **kwargs)
+        kwargs.update(max_header_bytes=max_header_bytes, send_timeout=send_timeout)
+        return AsyncioPeer(*args, loop=loop, idle=idle, **kwargs)
 
     return connection

@@ -21,6 +21,8 @@ from ..scope import Reason
 
 __all__ = [
     "BODY",
+    "LARGE_ANSWER",
+    "LARGE_ANSWERS_BYTES",
     "SSE_END",
     "WHOLE",
     "HttpError",
@@ -251,6 +253,25 @@ def whole_answers(scope: Scope) -> bool:
     return extensions is not None and WHOLE in extensions
 
 
+# Answers of more bytes than LARGE_ANSWER (a streamed run's result, a file's content, a
+# large script result) count against LARGE_ANSWERS_BYTES while they are sent, in this
+# process: past it the next is refused, 503 with Retry-After, rather than held in
+# memory beside the others (an answer is held until its client took it, SEND_S at most:
+# .http11). One larger than the whole bound goes when no other is being sent.
+LARGE_ANSWER = 1 << 20
+LARGE_ANSWERS_BYTES = 256 << 20
+_PIECE = 256 << 10  # what a large answer is sent in
+
+
+class _Sending:
+    """The bytes of large answers being sent."""
+
+    held = 0
+
+
+_large = _Sending()
+
+
 async def respond(
     scope: Scope,
     send: Send,
@@ -261,7 +282,44 @@ async def respond(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """A whole answer: in one message when the server offers :data:`WHOLE` (and there is
-    no ``extra`` header to check), else the usual two."""
+    no ``extra`` header to check), else the usual two. :class:`HttpError` 503, before
+    anything is sent, for a large one past :data:`LARGE_ANSWERS_BYTES`."""
+    size = len(body)
+    if size > LARGE_ANSWER:
+        held = _large.held
+        if held and held + size > LARGE_ANSWERS_BYTES:
+            why = (
+                f"{held >> 20} MiB of large answers are being sent, at most "
+                f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
+            )
+            raise HttpError(503, "too_many_large_answers", why, headers=[(b"retry-after", b"1")])
+        _large.held = held + size
+        try:  # (in pieces: a connection's buffer holds one at a time, never a copy of all)
+            await start(send, status, request_id, content_type, length=size, extra=extra)
+            for at in range(0, size, _PIECE):
+                more = at + _PIECE < size
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": body[at : at + _PIECE],
+                        "more_body": more,
+                    }
+                )
+        finally:
+            _large.held -= size
+        return
+    await _respond(scope, send, status, body, request_id, content_type, extra)
+
+
+async def _respond(
+    scope: Scope,
+    send: Send,
+    status: int,
+    body: bytes,
+    request_id: bytes,
+    content_type: bytes,
+    extra: list[tuple[bytes, bytes]] | None,
+) -> None:
     if not extra and whole_answers(scope):
         head = b"content-type: %s\r\nx-request-id: %s\r\n" % (content_type, request_id)
         await send({"type": WHOLE, "status": status, "head": head, "body": body})

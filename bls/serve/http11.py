@@ -30,6 +30,7 @@ __all__ = [
     "HIGH_WATER",
     "MAX_HEADER_BYTES",
     "MAX_URL_BYTES",
+    "SEND_S",
     "STATUS_LINES",
     "UPGRADE",
     "Answer",
@@ -43,6 +44,10 @@ __all__ = [
 HIGH_WATER = 65536  # unread body bytes past which a driver stops reading
 MAX_URL_BYTES = 8 * 1024  # a longer request target gets 414 (nginx's line bound)
 MAX_HEADER_BYTES = 16 * 1024  # headers (names, values) over this get 431 (h11's bound)
+# A client that takes none of an answer's bytes for this long, its connection's buffer
+# full, is disconnected and what waited for it dropped (nginx's send_timeout): an answer
+# is held until its client took it, never longer.
+SEND_S = 60.0
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # What a header's name (any separator or control character) and value (a control

@@ -61,6 +61,7 @@ class Limits(msgspec.Struct, kw_only=True):
     max_body_bytes: int = 16 * 1024 * 1024  # larger bodies get 413, unread
     max_header_bytes: int = 16 * 1024  # a request's headers; more get 431 (serve/http11.py)
     body_timeout: float | None = 10.0  # a body that takes longer gets 408; None: no bound
+    send_timeout: float = 60.0  # a client that takes no answer bytes this long is dropped
     grace: float = 30.0  # seconds in-flight requests get on SIGTERM
     trace_keep: int = 100  # finished request traces kept for /debug/requests
 

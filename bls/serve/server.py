@@ -94,7 +94,10 @@ async def _uvicorn(
         access_log=False,
         log_config=None,
         http=connection_class(  # (.asyncio_http)
-            keep_alive, asyncio.get_running_loop(), frontend.limits.max_header_bytes
+            keep_alive,
+            asyncio.get_running_loop(),
+            frontend.limits.max_header_bytes,
+            frontend.limits.send_timeout,
         ),
         # The frontend reads neither X-Forwarded-* nor a banner: no middleware per request
         # for them (the trio driver reads none either).
@@ -128,9 +131,14 @@ async def _trio(
 ) -> None:
     from .trio_http import serve as serve_trio
 
-    max_header_bytes = frontend.limits.max_header_bytes
+    limits = frontend.limits
     await serve_trio(
-        frontend, sock, stop, max_header_bytes=max_header_bytes, task_status=task_status
+        frontend,
+        sock,
+        stop,
+        max_header_bytes=limits.max_header_bytes,
+        send_timeout=limits.send_timeout,
+        task_status=task_status,
     )
 
 

@@ -30,7 +30,7 @@ import anyio.abc
 import trio
 
 from .exchange import Exchange
-from .http11 import HIGH_WATER, MAX_HEADER_BYTES
+from .http11 import HIGH_WATER, MAX_HEADER_BYTES, SEND_S
 from .peer import Peer
 
 __all__ = ["GRACEFUL_S", "TrioPeer", "serve"]
@@ -69,10 +69,12 @@ class TrioPeer(Peer):
         max_header_bytes: int,
         keep_alive: float,
         clock: _Clock,
+        send_timeout: float = SEND_S,
     ) -> None:
         super().__init__(app, connection, max_header_bytes)
         self.sock = sock  # non-blocking
         self.keep_alive = keep_alive
+        self.send_timeout = send_timeout
         self._clock = clock
         self.closed = False
         self.receiving = False  # a task is in the socket's receive (one at a time)
@@ -157,8 +159,8 @@ class TrioPeer(Peer):
                 return b""
 
     async def _send(self, data: bytes) -> None:
-        """All of ``data``, waiting while the client does not read; a client gone is
-        heard as such."""
+        """All of ``data``, waiting while the client does not read (``send_timeout`` at
+        most each time: then it is disconnected); a client gone is heard as such."""
         sock = self.sock
         view = memoryview(data)
         try:
@@ -166,7 +168,12 @@ class TrioPeer(Peer):
                 try:
                     view = view[sock.send(view) :]
                 except BlockingIOError:
-                    await trio.lowlevel.wait_writable(sock)
+                    with trio.move_on_after(self.send_timeout) as waited:
+                        await trio.lowlevel.wait_writable(sock)
+                    if waited.cancelled_caught:
+                        client, waited_s = self.connection["client"], self.send_timeout
+                        log.info("%s took none of an answer for %gs: closed", client, waited_s)
+                        raise ConnectionAbortedError from None
         except (OSError, trio.ClosedResourceError):
             self.lost()
             self.close()
@@ -211,10 +218,12 @@ async def serve(
     *,
     keep_alive: float = 30.0,
     max_header_bytes: int = MAX_HEADER_BYTES,
+    send_timeout: float = SEND_S,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on the listening ``sock`` until ``stop`` is set; then stop accepting,
-    close the idle connections, and give the busy ones :data:`GRACEFUL_S` to finish."""
+    close the idle connections, and give the busy ones :data:`GRACEFUL_S` to finish. A
+    client that takes none of an answer for ``send_timeout`` s is disconnected."""
     sock.setblocking(False)
     peers: set[TrioPeer] = set()
     gone = trio.Event()  # set once stopping and the last connection has ended
@@ -230,7 +239,7 @@ async def serve(
             "root_path": "",
             "state": {},
         }
-        peer = TrioPeer(app, conn, info, max_header_bytes, keep_alive, clock)
+        peer = TrioPeer(app, conn, info, max_header_bytes, keep_alive, clock, send_timeout)
         peers.add(peer)
         try:
             await peer.serve()
