@@ -25,11 +25,20 @@ import msgspec
 
 from .recording import RecordedCall
 
-__all__ = ["SCHEMA", "STATUSES", "TERMINAL", "FileRow", "Journal", "JournalError", "RunRow"]
+__all__ = [
+    "EVERY",
+    "SCHEMA",
+    "STATUSES",
+    "TERMINAL",
+    "FileRow",
+    "Journal",
+    "JournalError",
+    "RunRow",
+]
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-_EVERY = 2**62  # LIMIT with no limit, in SQL both stores read
+EVERY = 2**62  # LIMIT with no limit, in SQL both stores read
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -278,7 +287,7 @@ class Journal:
         )
 
     def prune(
-        self, *, older_than: float | None = None, keep: int | None = None, limit: int = _EVERY
+        self, *, older_than: float | None = None, keep: int | None = None, limit: int = EVERY
     ) -> int:
         """Forget finished runs that ended more than ``older_than`` s ago (and files made
         that long ago), and finished runs past the newest ``keep`` runs (a queued or
@@ -383,6 +392,22 @@ class Journal:
 
     def delete_file(self, file_id: str) -> bool:
         return bool(self._execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 1)
+
+    # A file's bytes, from the event loop: kept in the store with its row here (read and
+    # written in the store's calls, :meth:`do`); a store may keep them elsewhere (SQLite:
+    # beside its database, so that a large file holds neither the loop nor the lock).
+
+    async def save_file(self, file: FileRow) -> None:
+        """:meth:`put_file`, from the event loop."""
+        await self.do(self.put_file, file)
+
+    async def load_file(self, file_id: str) -> FileRow | None:
+        """:meth:`file` with its bytes, from the event loop."""
+        return await self.do(self.file, file_id, data=True)
+
+    async def drop_file(self, file_id: str) -> bool:
+        """:meth:`delete_file`, from the event loop."""
+        return await self.do(self.delete_file, file_id)
 
 
 _FILE_COLUMNS = "id, purpose, filename, size, created"  # a FileRow's, but its data

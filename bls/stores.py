@@ -35,8 +35,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import anyio
 import anyio.to_thread
+import msgspec
 
-from .journal import SCHEMA, Journal, JournalError
+from .file_bytes import FileBytes
+from .journal import EVERY, SCHEMA, FileRow, Journal, JournalError
 
 __all__ = [
     "BUSY_MS",
@@ -107,6 +109,8 @@ class SqliteJournal(Journal):
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # The Files API's bytes, beside the database (bls.file_bytes); a row keeps none.
+        self._bytes = FileBytes(path.with_name(path.name + ".files"))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # (Used by one thread at a time, not always the one that opened it: a test's.)
@@ -137,6 +141,54 @@ class SqliteJournal(Journal):
             self._db.executemany(sql, rows)
         except sqlite3.Error as exc:
             raise JournalError(f"the runs store {self.path} failed: {exc}") from exc
+
+    # -- the files' bytes, beside the database ------------------------------------------
+
+    async def save_file(self, file: FileRow) -> None:
+        """Its bytes on disk beside the database (in a worker thread), then its row."""
+        assert file.data is not None
+        await self._on_disk(self._bytes.write, file.id, file.data)
+        try:
+            self.put_file(msgspec.structs.replace(file, data=b""))
+        except JournalError:
+            await self._on_disk(self._bytes.remove, [file.id])
+            raise
+
+    async def load_file(self, file_id: str) -> FileRow | None:
+        found = self.file(file_id, data=True)
+        if found is None or found.data or found.size == 0:
+            return found  # (the bytes in the row: a store written before they moved out)
+        data = await self._on_disk(self._bytes.read, file_id)
+        if data is None:
+            where = self._bytes.path(file_id)
+            raise JournalError(f"the runs store {self.path} lost the bytes of {file_id} ({where})")
+        found.data = data
+        return found
+
+    async def drop_file(self, file_id: str) -> bool:
+        gone = self.delete_file(file_id)
+        await self._on_disk(self._bytes.remove, [file_id])
+        return gone
+
+    def prune(
+        self, *, older_than: float | None = None, keep: int | None = None, limit: int = EVERY
+    ) -> int:
+        gone = super().prune(older_than=older_than, keep=keep, limit=limit)
+        if older_than is not None:  # (the bytes of the files it forgot, and any left behind)
+            known = {row[0] for row in self._execute("SELECT id FROM files").fetchall()}
+            try:
+                self._bytes.forget(older_than, known)
+            except OSError as exc:
+                raise JournalError(
+                    f"the runs store's files in {self._bytes.folder}: {exc}"
+                ) from exc
+        return gone
+
+    async def _on_disk(self, work: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return await anyio.to_thread.run_sync(work, *args)
+        except OSError as exc:
+            raise JournalError(f"the runs store's files in {self._bytes.folder}: {exc}") from exc
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

@@ -1,16 +1,19 @@
 """The runs store (bls.journal, bls.stores): where it is, leases and take-overs between frontends,
-an outcome written once, events read back in pages, retention."""
+an outcome written once, events read back in pages, retention, the Files API's bytes."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
-from bls.journal import Journal, JournalError, RunRow
+from bls.file_bytes import FileBytes
+from bls.journal import FileRow, Journal, JournalError, RunRow
 from bls.recording import RecordedCall
 from bls.stores import SqliteJournal, anchored, default_path, open_journal
 
@@ -206,4 +209,60 @@ def test_what_a_client_lists_and_what_is_forgotten_is_found_by_index(tmp_path: P
         plan = [r[3] for r in journal._db.execute("EXPLAIN QUERY PLAN " + sql).fetchall()]
         walks = [p for p in plan if p.startswith("SCAN runs") and "COVERING INDEX" not in p]
         assert not walks, (sql, plan)
+    journal.close()
+
+
+def _file(file_id: str, data: bytes, created: float | None = None) -> FileRow:
+    made = time.time() if created is None else created
+    return FileRow(
+        id=file_id, purpose="batch", filename="in.jsonl", size=len(data), created=made, data=data
+    )
+
+
+def test_a_files_bytes_are_kept_beside_a_sqlite_store_not_in_it(tmp_path: Path) -> None:
+    """A 64 MiB upload written into SQLite held the event loop (and the write lock every
+    run's journal waits on) for 0.4 s: the bytes go to a file of their own, in a thread."""
+    journal = SqliteJournal(tmp_path / "r.db")
+    folder = tmp_path / "r.db.files"
+    data = os.urandom(100_000)
+    anyio.run(journal.save_file, _file("file-a", data))
+    row = journal.file("file-a", data=True)
+    assert row is not None and row.data == b"" and row.size == len(data)  # (the row alone)
+    assert (folder / "file-a").read_bytes() == data
+    loaded = anyio.run(journal.load_file, "file-a")
+    assert loaded is not None and loaded.data == data
+    assert anyio.run(journal.load_file, "file-none") is None
+    journal.put_file(_file("file-old", b"kept in the row"))  # (a store written before)
+    loaded = anyio.run(journal.load_file, "file-old")
+    assert loaded is not None and loaded.data == b"kept in the row"
+    anyio.run(journal.save_file, _file("file-empty", b""))
+    loaded = anyio.run(journal.load_file, "file-empty")
+    assert loaded is not None and loaded.data == b""
+
+    (folder / "file-a").unlink()  # (bytes lost: said, not answered as empty)
+    with pytest.raises(JournalError, match="lost the bytes of file-a"):
+        anyio.run(journal.load_file, "file-a")
+    anyio.run(journal.save_file, _file("file-b", b"b"))
+    assert anyio.run(journal.drop_file, "file-b") is True
+    assert not (folder / "file-b").exists() and journal.file("file-b") is None
+    with pytest.raises(ValueError, match="is not a file id"):
+        FileBytes(folder).path("../r.db")  # (an id from a URL never names another path)
+    journal.close()
+
+
+def test_files_past_retention_go_with_their_bytes_and_so_do_bytes_without_a_row(
+    tmp_path: Path,
+) -> None:
+    journal = SqliteJournal(tmp_path / "r.db")
+    folder = tmp_path / "r.db.files"
+    long_ago = time.time() - 1000
+    anyio.run(journal.save_file, _file("file-old", b"old", created=long_ago))
+    anyio.run(journal.save_file, _file("file-new", b"new"))
+    for name in ("file-old", "file-orphan", ".partial-0123"):  # (a crash left the last two)
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (long_ago, long_ago))
+    (folder / "file-young-orphan").write_bytes(b"y")  # (being written now, maybe: kept)
+    journal.prune(older_than=60)
+    assert journal.file("file-old") is None and journal.file("file-new") is not None
+    assert sorted(p.name for p in folder.iterdir()) == ["file-new", "file-young-orphan"]
     journal.close()

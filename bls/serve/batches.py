@@ -149,7 +149,7 @@ class Batches:
             why = f"completion_window {asked.completion_window!r}: only '24h' is supported"
             raise HttpError(400, "invalid_request", why, path="$.completion_window")
         journal = self.journal
-        file = await journal.do(journal.file, asked.input_file_id, data=True)
+        file = await journal.load_file(asked.input_file_id)
         if file is None:
             why = f"no file {asked.input_file_id!r}"
             raise HttpError(400, "invalid_request", why, path="$.input_file_id")
@@ -245,7 +245,7 @@ class Batches:
         its output and error files (those made even when it is cancelled or expires)."""
         journal = self.journal
         asked = msgspec.json.decode(row.request)
-        file = await journal.do(journal.file, asked["input_file_id"], data=True)
+        file = await journal.load_file(asked["input_file_id"])
         if file is None:
             why = f"the input file {asked['input_file_id']!r} was deleted"
             raise HttpError(400, "invalid_request", why)
@@ -343,7 +343,7 @@ class Batches:
                 created=time.time(),
                 data=data,
             )
-            await journal.do(journal.put_file, file)
+            await journal.save_file(file)
 
 
 EXPIRED = {

@@ -1,5 +1,6 @@
 """OpenAI's Files API, for batches (:mod:`.batches`): ``POST /v1/files`` (multipart:
-``file``, ``purpose=batch``) keeps a file in the runs store, ``GET /v1/files``, ``GET
+``file``, ``purpose=batch``) keeps a file in the runs store (on SQLite, its bytes beside
+the database: :mod:`bls.file_bytes`), ``GET /v1/files``, ``GET
 /v1/files/ID``, ``GET /v1/files/ID/content`` and ``DELETE /v1/files/ID`` list, read and
 remove one; a batch's output and error files are kept the same way.
 
@@ -68,7 +69,7 @@ class Files:
                     created=time.time(),
                     data=data,
                 )
-                await journal.do(journal.put_file, file)
+                await journal.save_file(file)
             finally:
                 self._uploading -= 1
         except HttpError as error:
@@ -103,11 +104,14 @@ class Files:
             error = HttpError(404, "not_found", f"no route {scope['method']} {scope['path']}")
             await send_error(scope, send, error, rid)
             return
-        file = await journal.do(journal.file, file_id, data=tail == "content")
+        if tail == "content":
+            file = await journal.load_file(file_id)
+        else:
+            file = await journal.do(journal.file, file_id)
         if file is None:
             await send_error(scope, send, HttpError(404, "not_found", f"no file {file_id!r}"), rid)
         elif deleting:
-            await journal.do(journal.delete_file, file_id)
+            await journal.drop_file(file_id)
             body = _encode({"id": file_id, "object": "file", "deleted": True})
             await respond(scope, send, 200, body, rid)
         elif tail == "content":
