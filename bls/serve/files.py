@@ -139,17 +139,7 @@ def file_body(file: FileRow) -> bytes:
 def _upload(content_type: bytes, body: bytes) -> tuple[str, str, bytes]:
     """(purpose, file name, bytes) of a ``multipart/form-data`` upload; 400 naming what
     is missing."""
-    if not content_type.lower().startswith(b"multipart/form-data"):
-        why = "upload the file as multipart/form-data (fields 'file' and 'purpose')"
-        raise HttpError(400, "invalid_request", why)
-    head = b"Content-Type: " + content_type + b"\r\n\r\n"
-    parsed = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in parsed.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if isinstance(name, str):
-            payload = part.get_payload(decode=True)
-            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    fields = _form_fields(content_type, body)
     if "file" not in fields:
         raise HttpError(400, "invalid_request", "no 'file' field in the upload", path="file")
     purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace")
@@ -158,3 +148,43 @@ def _upload(content_type: bytes, body: bytes) -> tuple[str, str, bytes]:
         raise HttpError(400, "invalid_request", why, path="purpose")
     filename, data = fields["file"]
     return purpose, filename or "upload.jsonl", data
+
+
+_PART_HEAD_BYTES = 16 * 1024  # a part's headers, at most
+_HEADERS = email.parser.BytesHeaderParser(policy=email.policy.HTTP)
+
+
+def _form_fields(content_type: bytes, body: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """A ``multipart/form-data`` body's fields (RFC 7578): name -> (file name, bytes).
+    The parts are found with ``bytes.find`` and their bytes sliced out (a 48 MB upload:
+    tens of milliseconds, where a whole-message parser took 0.7 s of the interpreter);
+    only each part's headers go through the email package."""
+    if not content_type.lower().startswith(b"multipart/form-data"):
+        why = "upload the file as multipart/form-data (fields 'file' and 'purpose')"
+        raise HttpError(400, "invalid_request", why)
+    boundary = _HEADERS.parsebytes(b"Content-Type: " + content_type + b"\r\n\r\n").get_boundary()
+    if not boundary:
+        raise HttpError(400, "invalid_request", "the multipart/form-data upload names no boundary")
+    delimiter = b"\r\n--" + boundary.encode("latin-1")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    at = body.find(delimiter[2:])  # (the first may open the body, without the CRLF)
+    while at >= 0 and not body.startswith(b"--", at + len(delimiter) - 2):
+        line_end = body.find(b"\r\n", at)  # (the delimiter's line: padding may follow it)
+        head_end = body.find(b"\r\n\r\n", line_end) if line_end >= 0 else -1
+        head_start = line_end + 2
+        end = body.find(delimiter, head_end + 4) if head_end >= 0 else -1
+        if head_end - head_start > _PART_HEAD_BYTES:
+            why = f"a part's headers are over {_PART_HEAD_BYTES // 1024} KiB"
+            raise HttpError(400, "invalid_request", why)
+        if end < 0:
+            raise HttpError(400, "invalid_request", "the multipart/form-data upload is cut short")
+        headers = _HEADERS.parsebytes(body[head_start : head_end + 4])
+        coding = str(headers.get("content-transfer-encoding", "binary")).lower()
+        if coding not in ("binary", "8bit", "7bit"):
+            why = f"a part sent as {coding!r}: send the file's bytes as they are"
+            raise HttpError(400, "invalid_request", why)
+        name = headers.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            fields[name] = (headers.get_filename(), body[head_end + 4 : end])
+        at = end + 2
+    return fields

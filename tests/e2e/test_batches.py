@@ -12,6 +12,7 @@ import io
 import json
 import signal
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,7 @@ def test_bad_uploads_and_batches_are_refused_naming_what_is_wrong(
     worker: Proc,  # noqa: F811
     store: str,  # noqa: F811
     config: Path,
+    tmp_path: Path,
 ) -> None:
     server = serve(worker, store, config)
     api = client(server)
@@ -278,7 +280,17 @@ def test_bad_uploads_and_batches_are_refused_naming_what_is_wrong(
         assert api.batches.list().data == []
         with pytest.raises(openai.NotFoundError, match="no batch 'batch-x'"):
             api.batches.retrieve("batch-x")
-        # A plain form post (curl -F) is an upload too; anything else is refused clearly.
+        # A plain form post (curl -F) is an upload too, its bytes kept as they are;
+        # anything else is refused clearly.
+        sent = tmp_path / "by curl.jsonl"
+        sent.write_bytes(jsonl("1") + bytes(range(256)) + b"\r\n--\r\n")
+        form = ["-F", "purpose=batch", "-F", f"file=@{sent}"]
+        made = subprocess.run(
+            ["curl", "-sS", *form, f"{server.address}/v1/files"], capture_output=True, check=True
+        )
+        upload = json.loads(made.stdout)
+        assert upload["filename"] == "by curl.jsonl" and upload["bytes"] == sent.stat().st_size
+        assert api.files.content(upload["id"]).read() == sent.read_bytes()
         raw = httpx.post(f"{server.address}/v1/files", content=b"{}")
         assert raw.status_code == 400 and "multipart/form-data" in raw.json()["error"]["message"]
         assert api.models.list().data[0].id == "tiny"  # the server serves on
