@@ -256,8 +256,9 @@ def whole_answers(scope: Scope) -> bool:
 # Answers of more bytes than LARGE_ANSWER (a streamed run's result, a file's content, a
 # large script result) count against LARGE_ANSWERS_BYTES while they are sent, in this
 # process: past it the next is refused, 503 with Retry-After, rather than held in
-# memory beside the others (an answer is held until its client took it, SEND_S at most:
-# .http11). One larger than the whole bound goes when no other is being sent.
+# memory beside the others (an answer is held until its client took it, bls serve
+# --send-timeout at most: .asyncio_http, .trio_http). One larger than the whole bound
+# goes when no other is being sent.
 LARGE_ANSWER = 1 << 20
 LARGE_ANSWERS_BYTES = 256 << 20
 _PIECE = 256 << 10  # what a large answer is sent in
@@ -282,37 +283,19 @@ async def respond(
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """A whole answer: in one message when the server offers :data:`WHOLE` (and there is
-    no ``extra`` header to check), else the usual two. :class:`HttpError` 503, before
-    anything is sent, for a large one past :data:`LARGE_ANSWERS_BYTES`."""
-    size = len(body)
-    if size > LARGE_ANSWER:
-        held = _large.held
-        if held and held + size > LARGE_ANSWERS_BYTES:
-            why = (
-                f"{held >> 20} MiB of large answers are being sent, at most "
-                f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
-            )
-            raise HttpError(503, "too_many_large_answers", why, headers=[(b"retry-after", b"1")])
-        _large.held = held + size
-        try:  # (in pieces: a connection's buffer holds one at a time, never a copy of all)
-            await start(send, status, request_id, content_type, length=size, extra=extra)
-            for at in range(0, size, _PIECE):
-                more = at + _PIECE < size
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": body[at : at + _PIECE],
-                        "more_body": more,
-                    }
-                )
-        finally:
-            _large.held -= size
-        return
-    await _respond(scope, send, status, body, request_id, content_type, extra)
+    no ``extra`` header to check), else the usual two; a large one in pieces
+    (:func:`_respond_large`)."""
+    if len(body) > LARGE_ANSWER:
+        await _respond_large(send, status, body, request_id, content_type, extra)
+    elif not extra and whole_answers(scope):
+        head = b"content-type: %s\r\nx-request-id: %s\r\n" % (content_type, request_id)
+        await send({"type": WHOLE, "status": status, "head": head, "body": body})
+    else:
+        await start(send, status, request_id, content_type, length=len(body), extra=extra)
+        await send({"type": "http.response.body", "body": body})
 
 
-async def _respond(
-    scope: Scope,
+async def _respond_large(
     send: Send,
     status: int,
     body: bytes,
@@ -320,12 +303,26 @@ async def _respond(
     content_type: bytes,
     extra: list[tuple[bytes, bytes]] | None,
 ) -> None:
-    if not extra and whole_answers(scope):
-        head = b"content-type: %s\r\nx-request-id: %s\r\n" % (content_type, request_id)
-        await send({"type": WHOLE, "status": status, "head": head, "body": body})
-        return
-    await start(send, status, request_id, content_type, length=len(body), extra=extra)
-    await send({"type": "http.response.body", "body": body})
+    """An answer over :data:`LARGE_ANSWER` bytes, in pieces (a connection's buffer holds
+    one at a time, never a copy of all of it); :class:`HttpError` 503, before anything
+    is sent, past :data:`LARGE_ANSWERS_BYTES`."""
+    size, held = len(body), _large.held
+    if held and held + size > LARGE_ANSWERS_BYTES:
+        why = (
+            f"{held >> 20} MiB of large answers are being sent, at most "
+            f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
+        )
+        raise HttpError(503, "too_many_large_answers", why, headers=[(b"retry-after", b"1")])
+    _large.held = held + size
+    try:
+        await start(send, status, request_id, content_type, length=size, extra=extra)
+        for at in range(0, size, _PIECE):
+            piece = body[at : at + _PIECE]
+            await send(
+                {"type": "http.response.body", "body": piece, "more_body": at + _PIECE < size}
+            )
+    finally:
+        _large.held -= size
 
 
 async def send_error(scope: Scope, send: Send, error: HttpError, request_id: bytes) -> None:
