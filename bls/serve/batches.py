@@ -258,11 +258,16 @@ class Batches:
         if not done:
             await note("lines", b"%d" % len(lines))
         counts = [sum(d.ok for d in done.values()), sum(not d.ok for d in done.values())]
-        limiter = anyio.CapacityLimiter(self.runs.config.batch_concurrency)
+        # The lines not answered yet, taken one at a time by batch_concurrency workers (a
+        # task per line waiting its turn took kilobytes a line: gigabytes for a large file).
+        todo = ((index, line) for index, line in enumerate(lines) if index not in done)
+
+        async def work() -> None:
+            for index, line in todo:
+                await one(index, line)
 
         async def one(index: int, line: _Line) -> None:
-            async with limiter:
-                status, answer = await self._answer(line)
+            status, answer = await self._answer(line)
             ok = status == 200
             counts[0 if ok else 1] += 1
             out = _encode(
@@ -284,9 +289,8 @@ class Batches:
 
         try:
             async with anyio.create_task_group() as tg:
-                for index, todo in enumerate(lines):
-                    if index not in done:
-                        tg.start_soon(one, index, todo)
+                for _ in range(min(self.runs.config.batch_concurrency, len(lines) - len(done))):
+                    tg.start_soon(work)
         except BaseException:
             # Cancelled, or past its deadline: what it answered is its output; expired,
             # the lines it did not answer are errors. (Stopped for another frontend to go

@@ -337,3 +337,32 @@ def test_uploads_at_once_are_bounded_and_a_stalled_one_holds_nothing_after(
         wait_for(lambda: not fifth_refused(), timeout=10, interval=0.05)
     finally:
         drain([server])
+
+
+def test_a_large_batch_holds_its_lines_not_a_task_for_each(
+    worker: Proc,  # noqa: F811
+    store: str,  # noqa: F811
+    tmp_path: Path,
+    calls: Path,  # noqa: F811
+) -> None:
+    """40,000 lines, four at a time: the 39,996 waiting are lines in a list, not tasks
+    waiting their turn (those took 7 KB a line: 276 MB here, gigabytes for a large file)."""
+    config = tmp_path / "big.toml"
+    config.write_text("[runs]\nbatch_concurrency = 4\nmax_file_bytes = 16777216\n")
+    server = serve(worker, store, config)
+    try:
+        data = jsonl(*(f"{n} 60" for n in range(40_000)))  # (each line a minute long)
+        before = _rss_mib(server.pid)
+        batch_id = submit(server, data)
+        wait_for(lambda: sum(ln.startswith("start") for ln in lines(calls)) == 4, timeout=60)
+        grown = _rss_mib(server.pid) - before
+        assert grown < 150, f"the server grew {grown} MiB for a batch of {len(data) >> 20} MiB"
+        assert client(server).batches.cancel(batch_id).status in ("cancelling", "cancelled")
+        assert finished(server, batch_id).status == "cancelled"
+    finally:
+        drain([server])
+
+
+def _rss_mib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1]) >> 10
