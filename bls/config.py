@@ -114,7 +114,9 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     ``max_file_bytes``: a file of the Files API (``POST /v1/files``, a batch's output), at
     most; ``batch_concurrency``: a batch's lines running at once; ``batch_window_s``: how
     long a batch may run before it expires (what its ``completion_window``, ``24h``,
-    means here)."""
+    means here); ``batch_input_bytes``: the input files of the batches a frontend runs
+    at once, in bytes, at most (a batch past it waits its turn; one larger runs alone),
+    and, apart, of those it checks as they are made."""
 
     store: str | None = None
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
@@ -125,6 +127,7 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
     batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16
     batch_window_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
+    batch_input_bytes: Annotated[int, msgspec.Meta(ge=1)] = 256 * 1024 * 1024
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
     retain_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24 * 3600.0
     retain: Annotated[int, msgspec.Meta(ge=0)] = 100_000

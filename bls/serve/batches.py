@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -97,6 +98,10 @@ class Batches:
         self.entry = entry
         self.models = models
         self.kind = f"batch:{entry.name}"
+        # The input files held at once: running batches' lines, and files being checked
+        # (each its own room: a check never waits for a batch to end).
+        self._inputs = _Room(runs.config.batch_input_bytes)
+        self._checking = _Room(runs.config.batch_input_bytes)
         runs.jobs["batch"] = self._run
         self.routes = [
             Route("/v1/batches", ["GET", "POST"], self._batches),
@@ -149,13 +154,17 @@ class Batches:
             why = f"completion_window {asked.completion_window!r}: only '24h' is supported"
             raise HttpError(400, "invalid_request", why, path="$.completion_window")
         journal = self.journal
-        file = await journal.load_file(asked.input_file_id)
-        if file is None:
+        found = await journal.do(journal.file, asked.input_file_id)
+        if found is None:
             why = f"no file {asked.input_file_id!r}"
             raise HttpError(400, "invalid_request", why, path="$.input_file_id")
-        assert file.data is not None
-        # (Each line checked now, in a worker thread: 400 naming the first that is wrong.)
-        await anyio.to_thread.run_sync(_lines, file.data)
+        async with self._checking.hold(found.size):
+            file = await journal.load_file(asked.input_file_id)
+            if file is None or file.data is None:
+                why = f"no file {asked.input_file_id!r}"
+                raise HttpError(400, "invalid_request", why, path="$.input_file_id")
+            # (Each line checked now, in a worker thread: 400 naming the first wrong one.)
+            await anyio.to_thread.run_sync(_lines, file.data)
         request = _encode(
             {
                 "input_file_id": asked.input_file_id,
@@ -241,15 +250,29 @@ class Batches:
     async def _run(
         self, row: RunRow, scope: RequestScope, note: Callable[[str, bytes], Awaitable[None]]
     ) -> bytes:
-        """The batch's run (a :data:`bls.serve.runs.Job`): its lines not done yet, then
-        its output and error files (those made even when it is cancelled or expires)."""
+        """The batch's run (a :data:`bls.serve.runs.Job`): once its input file fits in
+        ``batch_input_bytes`` beside the others running, its lines (:meth:`_run_lines`)."""
         journal = self.journal
-        asked = msgspec.json.decode(row.request)
-        file = await journal.load_file(asked["input_file_id"])
-        if file is None:
-            why = f"the input file {asked['input_file_id']!r} was deleted"
-            raise HttpError(400, "invalid_request", why)
-        assert file.data is not None
+        file_id = msgspec.json.decode(row.request)["input_file_id"]
+        found = await journal.do(journal.file, file_id)
+        if found is None:
+            raise HttpError(400, "invalid_request", f"the input file {file_id!r} was deleted")
+        async with self._inputs.hold(found.size):
+            return await self._run_lines(row, scope, note, file_id)
+
+    async def _run_lines(
+        self,
+        row: RunRow,
+        scope: RequestScope,
+        note: Callable[[str, bytes], Awaitable[None]],
+        file_id: str,
+    ) -> bytes:
+        """The batch's lines not done yet, then its output and error files (those made
+        even when it is cancelled or expires)."""
+        journal = self.journal
+        file = await journal.load_file(file_id)
+        if file is None or file.data is None:
+            raise HttpError(400, "invalid_request", f"the input file {file_id!r} was deleted")
         lines = await anyio.to_thread.run_sync(_lines, file.data)
         done: dict[int, _Done] = {}
         async for data in journaled(journal, row.id, "line"):
@@ -405,3 +428,25 @@ def _lines(data: bytes) -> list[_Line]:
     if not lines:
         raise HttpError(400, "invalid_request", "the input file has no lines")
     return lines
+
+
+class _Room:
+    """Bytes held at once, ``limit`` at most (one hold larger than it alone); a hold past
+    it waits until enough are given back."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._given = anyio.Event()  # set (and made anew) each time bytes are given back
+
+    @asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        while self.held and self.held + size > self.limit:
+            await self._given.wait()
+        self.held += size
+        try:
+            yield
+        finally:
+            self.held -= size
+            given, self._given = self._given, anyio.Event()
+            given.set()

@@ -366,3 +366,33 @@ def test_a_large_batch_holds_its_lines_not_a_task_for_each(
 def _rss_mib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1]) >> 10
+
+
+def test_batches_past_their_input_bytes_wait_their_turn(
+    worker: Proc,  # noqa: F811
+    store: str,  # noqa: F811
+    tmp_path: Path,
+    calls: Path,  # noqa: F811
+) -> None:
+    """[runs] batch_input_bytes bounds the input files held at once: at 1 byte, one
+    batch at a time (one larger than the bound runs alone): the second starts its lines
+    only once the first has ended."""
+    config = tmp_path / "one.toml"
+    config.write_text("[runs]\nbatch_concurrency = 4\nbatch_input_bytes = 1\n")
+    server = serve(worker, store, config)
+    try:
+        first = submit(server, jsonl("100 60", "101 60"))  # (a minute a line)
+        wait_for(lambda: sum(ln.startswith("start 10") for ln in lines(calls)) == 2, 30)
+        second = submit(server, jsonl("200", "201"))
+        api = client(server)
+        wait_for(lambda: api.batches.retrieve(second).status == "in_progress", 30, 0.05)
+        with calls.open("a") as log:  # (where the first is cancelled, among the calls)
+            log.write("cancelling the first\n")
+        api.batches.cancel(first)
+        done = finished(server, second)
+        assert done.status == "completed" and done.request_counts.completed == 2
+        noted = lines(calls)
+        cancelled = noted.index("cancelling the first")
+        assert all(i > cancelled for i, ln in enumerate(noted) if ln.startswith("start 20"))
+    finally:
+        drain([server])
