@@ -295,8 +295,8 @@ class Journal:
         call (a call holds the store, and on SQLite the event loop, while it works: call
         again while it returns ``limit``); how many runs went."""
         gone: set[str] = set()
-        if older_than is not None:
-            cutoff = time.time() - older_than
+        cutoff = None if older_than is None else time.time() - older_than
+        if cutoff is not None:
             rows = self._execute(
                 "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
                 "AND created < ? AND ended < ? LIMIT ?",  # (created: the index narrows)
@@ -318,8 +318,8 @@ class Journal:
                     (newest_gone[0], limit - len(gone)),
                 )
                 gone.update(r[0] for r in rows.fetchall())
-        if older_than is not None:
-            self._execute("DELETE FROM files WHERE created < ?", (time.time() - older_than,))
+        if cutoff is not None:
+            self._execute("DELETE FROM files WHERE created < ?", (cutoff,))
         if gone:
             ids = [(g,) for g in sorted(gone)]  # (in one order: frontends pruning at once)
             with self._transaction():

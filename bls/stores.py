@@ -179,16 +179,17 @@ class SqliteJournal(Journal):
             try:
                 self._bytes.forget(older_than, known)
             except OSError as exc:
-                raise JournalError(
-                    f"the runs store's files in {self._bytes.folder}: {exc}"
-                ) from exc
+                raise self._files_failed(exc) from exc
         return gone
 
     async def _on_disk(self, work: Callable[..., _T], *args: Any) -> _T:
         try:
             return await anyio.to_thread.run_sync(work, *args)
         except OSError as exc:
-            raise JournalError(f"the runs store's files in {self._bytes.folder}: {exc}") from exc
+            raise self._files_failed(exc) from exc
+
+    def _files_failed(self, exc: OSError) -> JournalError:
+        return JournalError(f"the runs store's files in {self._bytes.folder}: {exc}")
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
