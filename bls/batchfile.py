@@ -21,6 +21,7 @@ last progress line is dropped. A power loss may lose what the OS had not written
 from __future__ import annotations
 
 import array
+import contextlib
 import hashlib
 import json
 import logging
@@ -46,6 +47,7 @@ __all__ = [
     "BatchError",
     "Progress",
     "Unreachable",
+    "check_files",
     "run_batch",
 ]
 
@@ -72,6 +74,24 @@ class Unreachable(Exception):
     """The server could not be connected to, every try of a line failed: the batch stops,
     its progress kept (no line could be answered; marking each one failed would make the
     same command, run again once the server is back, skip them all)."""
+
+
+def check_files(source: str, output: str) -> None:
+    """BatchError for an input or output a batch cannot have: ``-`` (a batch reads its
+    input again to go on after a stop, and keeps its progress beside its output), or the
+    output being the input (which would be overwritten)."""
+    if source == "-":
+        raise BatchError(
+            "--input -: a batch reads its input again to go on after a stop: give a file"
+        )
+    if output == "-":
+        raise BatchError(
+            "--output -: a batch keeps its progress beside its output, to go on after a "
+            "stop: give a file (and read it with cat or jq once the batch is done)"
+        )
+    with contextlib.suppress(OSError):  # (an input that cannot be read is survey's to say)
+        if os.path.samefile(source, output):
+            raise BatchError(f"--output {output} is the --input: give another file")
 
 
 def survey(path: Path) -> tuple[dict[str, Any], int, int]:

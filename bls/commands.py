@@ -71,10 +71,11 @@ def batch(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .batchfile import Progress as Done
-    from .batchfile import Unreachable, run_batch, survey
+    from .batchfile import Unreachable, check_files, run_batch, survey
 
     claim_stdout()
     setup_logging(args.log_level, libraries="warning", verbose=args.verbose)
+    check_files(args.input, args.output)
     source, output = Path(args.input), Path(args.output)
     ident, requests, lines = survey(source)
     enter = _batch_call(args)
@@ -117,7 +118,7 @@ def batch(args: argparse.Namespace) -> int:
         done.close()
         raise
     done.finish()
-    answered = f"{requests} lines answered ({done.errors} with an error)"
+    answered = f"{requests} line{'s' * (requests != 1)} answered ({done.errors} with an error)"
     print(f"bls batch: {answered}, into {output}", file=sys.stderr)
     return 0
 

@@ -241,6 +241,8 @@ def test_a_server_that_cannot_be_reached_stops_the_batch_and_it_goes_on_later(
 
 
 def test_what_cannot_be_a_batch_is_refused_before_it_starts(tmp_path: Path, calls: Path) -> None:
+    """A bad target, flags, or files (``-`` for either, the input as the output, a folder
+    that is not there): one line naming it, before anything runs or is written."""
     source = _write_input(tmp_path / "in.jsonl", ['{"word": "a"}'])
     out = tmp_path / "out.jsonl"
     cases = [
@@ -252,6 +254,15 @@ def test_what_cannot_be_a_batch_is_refused_before_it_starts(tmp_path: Path, call
         refused = _batch(calls, *target, "--input", str(source), "--output", str(out))
         assert refused.returncode == 1 and said in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
+    files = [
+        ("-", str(out), "error: --input -: a batch reads its input again"),
+        (str(source), "-", "error: --output -: a batch keeps its progress beside its output"),
+        (str(source), str(tmp_path / "." / "in.jsonl"), "is the --input: give another file"),
+    ]
+    for given, into, said in files:
+        refused = _batch(calls, SCRIPT, "--input", given, "--output", into)
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+    assert source.read_text() == '{"word": "a"}\n' and not (tmp_path / "-").exists()
     nowhere = tmp_path / "no-such-folder" / "out.jsonl"
     refused = _batch(calls, SCRIPT, "--input", str(source), "--output", str(nowhere))
     assert refused.returncode == 1
