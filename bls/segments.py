@@ -22,6 +22,7 @@ import errno
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ MAGIC = b"BLSSEG1\n"
 SUFFIX = ".blsseg"
 SEGMENT_BYTES = 64 * 1024 * 1024  # a segment is closed once it holds this much
 FRAME = struct.Struct("<II")  # name length, record length
+_NAMED = 5  # a search that finds no record names the last ids it saw, this many
 
 
 class Segment:
@@ -121,16 +123,22 @@ def find(path: str | Path, request_id: str | None) -> Record:
         raise RecordError(f"{path} holds no record segments (*{SUFFIX})")
     found: tuple[str, bytes] | None = None
     count = 0
+    last: deque[str] = deque(maxlen=_NAMED)  # (named in the error when none is found)
     for segment in segments:
         for name, data in records_in(segment):
             count += 1
+            last.append(name)
             if request_id is None or name == request_id:
                 found = (name, data)
     if request_id is None and count != 1:
         raise RecordError(
             f"{path} holds {count} records: name the request with --id (its X-Request-Id)"
+            + (f"; the last: {', '.join(last)}" if last else "")
         )
     if found is None:
-        raise RecordError(f"{path} holds no record of request {request_id!r} ({count} others)")
+        named = f", the last: {', '.join(last)}" if last else ""
+        raise RecordError(
+            f"{path} holds no record of request {request_id!r} ({count} others{named})"
+        )
     name, data = found
     return load(data, f"the record of request {name!r} in {path}")
