@@ -18,12 +18,16 @@ from .loadgen import BenchError, Result, input_json, run_bench
 __all__ = ["main", "plot", "table"]
 
 
+def _counted(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' * (n != 1)}"
+
+
 def table(summary: dict[str, Any]) -> Any:
     from rich.table import Table
 
     urls = summary["urls"]
     more = f" and {len(urls) - 1} more" if len(urls) > 1 else ""
-    title = f"{summary['url']}{more}, {summary['concurrency']} connections"
+    title = f"{summary['url']}{more}, {_counted(summary['concurrency'], 'connection')}"
     out = Table(title=title, min_width=len(title) + 4)
     out.add_column("measure")
     out.add_column("value", justify="right")
@@ -82,7 +86,9 @@ def plot(result: Result, path: str) -> None:
     histogram.hist([s.latency * 1000 for s in ok], bins=50)
     histogram.set_xlabel("latency (ms)")
     histogram.set_ylabel("requests")
-    histogram.set_title(f"{len(ok)} requests, {result.concurrency} connections")
+    histogram.set_title(
+        f"{_counted(len(ok), 'request')}, {_counted(result.concurrency, 'connection')}"
+    )
     fig.suptitle(result.url)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

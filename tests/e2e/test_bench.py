@@ -86,6 +86,7 @@ def test_the_table_goes_to_stdout_and_bad_flags_are_named(server: Proc) -> None:
     )
     assert out.returncode == 0
     assert "requests/s" in out.stdout and "latency p50" in out.stdout
+    assert f"{server.address}, 1 connection " in out.stdout  # (the default: one)
     out = run_bls("bench", server.address, "--input", "{}")
     assert out.returncode == 1 and "--entry NAME" in out.stderr
     out = run_bls("bench", "127.0.0.1:8000", "--entry", "greet", "--input", "{}")
