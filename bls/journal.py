@@ -115,6 +115,15 @@ CREATE INDEX IF NOT EXISTS files_by_age ON files (created);
 _COLUMNS = tuple(RunRow.__struct_fields__)
 
 
+def _but(*left_out: str) -> str:
+    """The columns of a RunRow to select, NULL in place of ``left_out``."""
+    return ", ".join("NULL" if c in left_out else c for c in _COLUMNS)
+
+
+_ALL, _BUT_REQUEST, _BUT_RESULT = _but(), _but("request"), _but("result")
+_BUT_PAYLOADS = _but("request", "result")
+
+
 class Journal:
     """The runs store (see the module's docstring): the SQL both stores read, written with
     ``?`` for each parameter. Every method commits before it returns;
@@ -157,10 +166,20 @@ class Journal:
         marks = ", ".join("?" * len(_COLUMNS))
         self._execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({marks})", values)
 
-    def get(self, run_id: str) -> RunRow | None:
-        row = self._execute(f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE id = ?", (run_id,))
-        found = row.fetchone()
+    def get(self, run_id: str, *, request: bool = True) -> RunRow | None:
+        """The run ``run_id`` (``request``: with the request its client sent, else
+        ``b""`` in its place); None: no such run."""
+        columns = _ALL if request else _BUT_REQUEST
+        found = self._execute(f"SELECT {columns} FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if found is None else _row(found)
+
+    def result_size(self, run_id: str) -> int | None:
+        """The bytes of the run's result (0: none yet), read without it; None: no such
+        run. (What an answer that holds it will hold, before it is read.)"""
+        found = self._execute(
+            "SELECT coalesce(length(result), 0) FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        return None if found is None else int(found[0])
 
     def status(self, run_id: str) -> str | None:
         """The run's status alone (None: no such run), without its result."""
@@ -174,9 +193,12 @@ class Journal:
         entry: str | None = None,
         before: str | None = None,
         limit: int = 50,
+        request: bool = False,
     ) -> list[RunRow]:
         """Runs newest first (``before``: those created before that run), ``limit`` at
-        most, of ``status`` and of ``entry`` (a batch's run: its kind) only when given."""
+        most, of ``status`` and of ``entry`` (a batch's run: its kind) only when given;
+        each without its result (None) and, unless ``request``, without its request
+        (``b""``): a page of a thousand runs never reads what they hold."""
         where, args = [], []
         if status is not None:
             where.append("status = ?")
@@ -187,7 +209,7 @@ class Journal:
         if before is not None:
             where.append("(created, id) < (SELECT created, id FROM runs WHERE id = ?)")
             args.append(before)
-        sql = f"SELECT {', '.join(_COLUMNS)} FROM runs"
+        sql = f"SELECT {_BUT_RESULT if request else _BUT_PAYLOADS} FROM runs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created DESC, id DESC LIMIT ?"
@@ -245,7 +267,7 @@ class Journal:
         now = time.time()
         with self._transaction():
             rows = self._execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM runs WHERE script = ? "
+                f"SELECT {_ALL} FROM runs WHERE script = ? "
                 "AND status IN ('queued', 'running') AND lease < ? "
                 f"ORDER BY priority DESC, created, id LIMIT ?{self._lock_rows}",
                 (script, now, limit),
@@ -426,6 +448,8 @@ def _file_row(values: Sequence[Any]) -> FileRow:
 def _row(values: Sequence[object]) -> RunRow:
     fields: dict[str, Any] = dict(zip(_COLUMNS, values, strict=True))
     fields["cancel"] = bool(fields["cancel"])
+    if fields["request"] is None:  # (NOT NULL: left out by the read)
+        fields["request"] = b""
     for key in ("request", "result", "error"):
         if fields[key] is not None:
             fields[key] = bytes(fields[key])

@@ -109,6 +109,29 @@ def test_an_outcome_is_written_once(open_store: OpenStore) -> None:
     assert done.ended is not None and done.lease == 0
 
 
+def test_a_list_or_a_size_reads_no_runs_payloads(open_store: OpenStore) -> None:
+    """A page of runs, and the size of a run's result (what GET /v1/runs/ID holds against
+    the bound of large answers before it reads the result), come without the requests
+    and results the runs hold."""
+    journal = open_store()
+    now = time.time()
+    journal.create(row("a", created=now))
+    journal.create(row("b", created=now + 1))
+    assert journal.finish("a", "succeeded", result=b"x" * 5000)
+    assert (journal.result_size("a"), journal.result_size("b")) == (5000, 0)
+    assert journal.result_size("none") is None
+    listed = journal.runs()
+    assert [(r.id, r.status, r.request, r.result) for r in listed] == [
+        ("b", "queued", b"", None),
+        ("a", "succeeded", b"", None),
+    ]
+    assert [r.request for r in journal.runs(request=True)] == [b"{}", b"{}"]  # (batches')
+    one = journal.get("a", request=False)
+    assert one is not None and (one.request, one.result) == (b"", b"x" * 5000)
+    whole = journal.get("a")
+    assert whole is not None and whole.request == b"{}"
+
+
 def test_calls_and_events_come_back_in_order(open_store: OpenStore) -> None:
     journal = open_store()
     call = RecordedCall(stage="s", streaming=False, request=b"\x80", start=0.0, result_type=None)

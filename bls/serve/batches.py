@@ -131,7 +131,9 @@ class Batches:
         limit = list_limit(query.get("limit"), 20, 100)
         journal = self.journal
         after = await list_cursor(journal, query.get("after"), "after", "batch")
-        rows = await journal.do(journal.runs, entry=self.kind, before=after, limit=limit + 1)
+        rows = await journal.do(
+            journal.runs, entry=self.kind, before=after, limit=limit + 1, request=True
+        )
         more, rows = len(rows) > limit, rows[:limit]
         page = {
             "object": "list",

@@ -22,7 +22,7 @@ import msgspec
 
 from ..config import RunsConfig
 from ..journal import FileRow, Journal
-from .framing import HttpError, Receive, Scope, Send, respond, send_error
+from .framing import HttpError, Receive, Scope, Send, holding, respond, send_error
 from .intake import Disconnected, header, query_of, request_id_of, route_body
 from .routing import Route
 
@@ -104,21 +104,29 @@ class Files:
             error = HttpError(404, "not_found", f"no route {scope['method']} {scope['path']}")
             await send_error(scope, send, error, rid)
             return
-        if tail == "content":
-            file = await journal.load_file(file_id)
-        else:
-            file = await journal.do(journal.file, file_id)
+        file = await journal.do(journal.file, file_id)
         if file is None:
-            await send_error(scope, send, HttpError(404, "not_found", f"no file {file_id!r}"), rid)
+            await send_error(scope, send, _no_file(file_id), rid)
         elif deleting:
             await journal.drop_file(file_id)
             body = _encode({"id": file_id, "object": "file", "deleted": True})
             await respond(scope, send, 200, body, rid)
         elif tail == "content":
-            assert file.data is not None
-            await respond(scope, send, 200, file.data, rid, b"application/octet-stream")
+            # Held against the bound of large answers before it is read: clients asking
+            # for a large file at once cannot make the frontend read it for each.
+            with holding(file.size):
+                file = await journal.load_file(file_id)
+                if file is None or file.data is None:  # (deleted meanwhile)
+                    await send_error(scope, send, _no_file(file_id), rid)
+                    return
+                octets = b"application/octet-stream"
+                await respond(scope, send, 200, file.data, rid, octets, held=True)
         else:
             await respond(scope, send, 200, file_body(file), rid)
+
+
+def _no_file(file_id: str) -> HttpError:
+    return HttpError(404, "not_found", f"no file {file_id!r}")
 
 
 def file_body(file: FileRow) -> bytes:

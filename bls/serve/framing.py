@@ -4,7 +4,8 @@ NDJSON stream items, the error body and the status each exception is answered wi
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import msgspec
@@ -30,6 +31,7 @@ __all__ = [
     "bad_header",
     "cut_short",
     "error_for",
+    "holding",
     "respond",
     "send_error",
     "start",
@@ -265,12 +267,36 @@ _PIECE = 256 << 10  # what a large answer is sent in
 
 
 class _Sending:
-    """The bytes of large answers being sent."""
+    """The bytes of large answers being sent (or read, to be sent: :func:`holding`)."""
 
     held = 0
 
 
 _large = _Sending()
+
+
+@contextlib.contextmanager
+def holding(size: int) -> Iterator[None]:
+    """``size`` bytes of a large answer held against :data:`LARGE_ANSWERS_BYTES` until the
+    block ends, for an answer whose size is known before it is read (a run's result, a
+    file's content): :class:`HttpError` 503 past the bound, before anything is read. (A
+    size of :data:`LARGE_ANSWER` or less holds nothing. The answer then goes out with
+    :func:`respond`'s ``held``.)"""
+    if size <= LARGE_ANSWER:
+        yield
+        return
+    held = _large.held
+    if held and held + size > LARGE_ANSWERS_BYTES:
+        why = (
+            f"{held >> 20} MiB of large answers are being sent, at most "
+            f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
+        )
+        raise HttpError(503, "too_many_large_answers", why, headers=[(b"retry-after", b"1")])
+    _large.held = held + size
+    try:
+        yield
+    finally:
+        _large.held -= size
 
 
 async def respond(
@@ -281,12 +307,15 @@ async def respond(
     request_id: bytes,
     content_type: bytes = JSON,
     extra: list[tuple[bytes, bytes]] | None = None,
+    *,
+    held: bool = False,
 ) -> None:
     """A whole answer: in one message when the server offers :data:`WHOLE` (and there is
     no ``extra`` header to check), else the usual two; a large one in pieces
-    (:func:`_respond_large`)."""
+    (:func:`_respond_large`; ``held``: its bytes are held already, :func:`holding`)."""
     if len(body) > LARGE_ANSWER:
-        await _respond_large(send, status, body, request_id, content_type, extra)
+        with contextlib.nullcontext() if held else holding(len(body)):
+            await _respond_large(send, status, body, request_id, content_type, extra)
     elif not extra and whole_answers(scope):
         head = b"content-type: %s\r\nx-request-id: %s\r\n" % (content_type, request_id)
         await send({"type": WHOLE, "status": status, "head": head, "body": body})
@@ -303,26 +332,13 @@ async def _respond_large(
     content_type: bytes,
     extra: list[tuple[bytes, bytes]] | None,
 ) -> None:
-    """An answer over :data:`LARGE_ANSWER` bytes, in pieces (a connection's buffer holds
-    one at a time, never a copy of all of it); :class:`HttpError` 503, before anything
-    is sent, past :data:`LARGE_ANSWERS_BYTES`."""
-    size, held = len(body), _large.held
-    if held and held + size > LARGE_ANSWERS_BYTES:
-        why = (
-            f"{held >> 20} MiB of large answers are being sent, at most "
-            f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
-        )
-        raise HttpError(503, "too_many_large_answers", why, headers=[(b"retry-after", b"1")])
-    _large.held = held + size
-    try:
-        await start(send, status, request_id, content_type, length=size, extra=extra)
-        for at in range(0, size, _PIECE):
-            piece = body[at : at + _PIECE]
-            await send(
-                {"type": "http.response.body", "body": piece, "more_body": at + _PIECE < size}
-            )
-    finally:
-        _large.held -= size
+    """An answer over :data:`LARGE_ANSWER` bytes (held: :func:`holding`), in pieces (a
+    connection's buffer holds one at a time, never a copy of all of it)."""
+    size = len(body)
+    await start(send, status, request_id, content_type, length=size, extra=extra)
+    for at in range(0, size, _PIECE):
+        piece = body[at : at + _PIECE]
+        await send({"type": "http.response.body", "body": piece, "more_body": at + _PIECE < size})
 
 
 async def send_error(scope: Scope, send: Send, error: HttpError, request_id: bytes) -> None:

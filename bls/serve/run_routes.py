@@ -16,7 +16,17 @@ import anyio
 import msgspec
 
 from ..journal import STATUSES, TERMINAL, Journal, RunRow
-from .framing import SSE, HttpError, Receive, Scope, Send, respond, send_error, start
+from .framing import (
+    SSE,
+    HttpError,
+    Receive,
+    Scope,
+    Send,
+    holding,
+    respond,
+    send_error,
+    start,
+)
 from .intake import header, query_of, request_id_of
 from .routing import Route
 from .runs import Runs, error_object
@@ -74,22 +84,35 @@ class RunRoutes:
     async def _one(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         run_id, _, tail = rest.partition("/")
         rid = request_id_of(scope)
-        row = await self.journal.do(self.journal.get, run_id)
-        if row is None or tail not in ("", "events") or (tail and scope["method"] == "DELETE"):
-            what = (
-                f"no run {run_id!r}"
-                if row is None
-                else f"no route {scope['method']} {scope['path']}"
-            )
-            await send_error(scope, send, HttpError(404, "not_found", what), rid)
-            return
-        if tail == "events":
-            await self._events(scope, receive, send, row)
-        elif scope["method"] == "DELETE":
-            status, row = await self.runs.cancel(row)
-            await respond(scope, send, status, run_body(row), rid)
+        journal = self.journal
+        size = await journal.do(journal.result_size, run_id)
+        if size is None or tail not in ("", "events") or (tail and scope["method"] == "DELETE"):
+            what = f"no route {scope['method']} {scope['path']}"
+            error = _no_run(run_id) if size is None else HttpError(404, "not_found", what)
+            await send_error(scope, send, error, rid)
+        elif tail == "events":
+            row = await journal.do(journal.get, run_id, request=False)
+            if row is None:  # (forgotten meanwhile)
+                await send_error(scope, send, _no_run(run_id), rid)
+            else:
+                await self._events(scope, receive, send, row)
         else:
-            await respond(scope, send, 200, run_body(row), rid)
+            # A large result is held against the bound of large answers before it is
+            # read: clients asking for it at once cannot make the frontend read it each.
+            with holding(size):
+                await self._answer_run(scope, send, run_id, rid)
+
+    async def _answer_run(self, scope: Scope, send: Send, run_id: str, rid: bytes) -> None:
+        """``GET`` the run (with its result), or ``DELETE`` it: cancelled, then as it is."""
+        journal = self.journal
+        row = await journal.do(journal.get, run_id, request=False)
+        if row is None:  # (forgotten meanwhile)
+            await send_error(scope, send, _no_run(run_id), rid)
+            return
+        status = 200
+        if scope["method"] == "DELETE":
+            status, row = await self.runs.cancel(row)
+        await respond(scope, send, status, run_body(row), rid, held=True)
 
     async def _events(self, scope: Scope, receive: Receive, send: Send, row: RunRow) -> None:
         """SSE: the run's events after ``Last-Event-ID`` (each with its ``id:``), live as
@@ -158,6 +181,10 @@ async def _cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     scope.cancel()
+
+
+def _no_run(run_id: str) -> HttpError:
+    return HttpError(404, "not_found", f"no run {run_id!r}")
 
 
 def run_body(row: RunRow, *, full: bool = True) -> bytes:
