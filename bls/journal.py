@@ -382,6 +382,18 @@ class Journal:
         ).fetchall()
         return [(seq, kind, bytes(data)) for seq, kind, data in rows]
 
+    def event_sizes(self, run_id: str, after: int = 0, limit: int = 256) -> list[tuple[int, int]]:
+        """Each event's id and bytes, as :meth:`events` would give them, without them:
+        how many of them to read at once."""
+        return [
+            (int(seq), int(size))
+            for seq, size in self._execute(
+                "SELECT seq, length(data) FROM events WHERE run = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (run_id, after, limit),
+            ).fetchall()
+        ]
+
     def last_event(self, run_id: str) -> int:
         row = self._execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()
         return int(row[0] or 0)

@@ -39,12 +39,21 @@ class Reads(SqliteJournal):
         self.payloads += data
         return super().file(file_id, data=data)
 
+    def events(self, run_id: str, after: int = 0, limit: int = 256) -> list[tuple[int, str, bytes]]:
+        self.payloads += 1
+        return super().events(run_id, after, limit)
+
 
 async def _ask(router: Router, method: str, path: str) -> tuple[int, bytes]:
     """The status and body the route answers ``method path`` with."""
     got: list[dict[str, Any]] = []
+    asked = False
 
     async def receive() -> dict[str, Any]:
+        nonlocal asked
+        if asked:  # (the client stays)
+            await anyio.sleep_forever()
+        asked = True
         return {"type": "http.request", "body": b""}
 
     async def send(message: dict[str, Any]) -> None:
@@ -97,6 +106,32 @@ def test_a_large_result_or_file_is_held_before_it_is_read(tmp_path: Path, backen
         assert status == 200 and b'"status":"succeeded"' in body and body.count(b"x") == BIG
         status, body = await _ask(router, "GET", "/v1/files/file-f/content")
         assert status == 200 and body == file.data
+        assert framing._large.held == 0
+
+        # An events stream already under way waits for room for a large event before it
+        # reads it, then sends it whole.
+        item = b'"%s"' % (b"z" * BIG)
+        journal.event("r", 1, "item", item)
+        journal.event("r", 2, "end", b'{"status":"succeeded","result":null,"error":null}')
+        journal.payloads = 0
+        streamed: list[tuple[int, bytes]] = []
+
+        async def follow() -> None:
+            streamed.append(await _ask(router, "GET", "/v1/runs/r/events"))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                with holding(LARGE_ANSWERS_BYTES - LARGE_ANSWER):  # others being sent
+                    tg.start_soon(follow)
+                    while framing._large.room is None:  # noqa: ASYNC110 - until it waits; bounded
+                        await anyio.sleep(0.01)
+                    assert journal.payloads == 0 and not streamed  # (nothing read yet)
+                # The others' bytes let go: it goes on to the end.
+        [(status, body)] = streamed
+        assert status == 200 and journal.payloads == 2  # the item, then the end
+        assert b"id: 1\nevent: item\ndata: " + item + b"\n\n" in body
+        end = b'id: 2\nevent: end\ndata: {"status":"succeeded","result":null,"error":null}\n\n'
+        assert body.endswith(end)
         assert framing._large.held == 0
 
     try:

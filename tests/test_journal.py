@@ -144,6 +144,10 @@ def test_calls_and_events_come_back_in_order(open_store: OpenStore) -> None:
     page = journal.events("r")
     assert len(page) == 256 and page[0] == (1, "item", b"1")
     assert [s for s, _, _ in journal.events("r", after=page[-1][0])] == list(range(257, 301))
+    # Their sizes, without them (what an events stream reads at once): ids and bytes.
+    sizes = journal.event_sizes("r", after=297)
+    assert sizes == [(298, 3), (299, 3), (300, 3)] and journal.event_sizes("r", 300) == []
+    assert journal.event_sizes("r", limit=2) == [(1, 1), (2, 1)]
     assert journal.last_event("r") == 300 and journal.last_event("none") == 0
 
 

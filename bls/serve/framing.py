@@ -5,9 +5,10 @@ NDJSON stream items, the error body and the status each exception is answered wi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
+import anyio
 import msgspec
 
 from ..errors import (
@@ -32,8 +33,10 @@ __all__ = [
     "cut_short",
     "error_for",
     "holding",
+    "holding_in_turn",
     "respond",
     "send_error",
+    "send_pieces",
     "start",
     "whole_answers",
 ]
@@ -267,12 +270,35 @@ _PIECE = 256 << 10  # what a large answer is sent in
 
 
 class _Sending:
-    """The bytes of large answers being sent (or read, to be sent: :func:`holding`)."""
+    """The bytes of large answers being sent (or read, to be sent: :func:`holding`), and
+    what those waiting for room wait on (:func:`holding_in_turn`)."""
 
     held = 0
+    room: anyio.Event | None = None  # set as bytes are let go
 
 
 _large = _Sending()
+
+
+def _take(size: int) -> bool:
+    """Hold ``size`` bytes of large answers if there is room (True); ``size`` of
+    :data:`LARGE_ANSWER` or less holds nothing (True). One larger than the whole bound
+    fits when nothing else is held."""
+    if size <= LARGE_ANSWER:
+        return True
+    held = _large.held
+    if held and held + size > LARGE_ANSWERS_BYTES:
+        return False
+    _large.held = held + size
+    return True
+
+
+def _let_go(size: int) -> None:
+    if size > LARGE_ANSWER:
+        _large.held -= size
+        if _large.room is not None:
+            _large.room.set()
+            _large.room = None
 
 
 @contextlib.contextmanager
@@ -282,21 +308,41 @@ def holding(size: int) -> Iterator[None]:
     file's content): :class:`HttpError` 503 past the bound, before anything is read. (A
     size of :data:`LARGE_ANSWER` or less holds nothing. The answer then goes out with
     :func:`respond`'s ``held``.)"""
-    if size <= LARGE_ANSWER:
-        yield
-        return
-    held = _large.held
-    if held and held + size > LARGE_ANSWERS_BYTES:
+    if not _take(size):
         why = (
-            f"{held >> 20} MiB of large answers are being sent, at most "
+            f"{_large.held >> 20} MiB of large answers are being sent, at most "
             f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
         )
         raise HttpError(503, "too_many_large_answers", why, headers=[(b"retry-after", b"1")])
-    _large.held = held + size
     try:
         yield
     finally:
-        _large.held -= size
+        _let_go(size)
+
+
+@contextlib.asynccontextmanager
+async def holding_in_turn(size: int) -> AsyncIterator[None]:
+    """:func:`holding`, waiting for room rather than refusing: for an answer already
+    under way (a large event of an events stream)."""
+    while not _take(size):  # (woken, it tries again: another may have taken the room)
+        room = _large.room
+        if room is None:
+            room = _large.room = anyio.Event()
+        await room.wait()
+    try:
+        yield
+    finally:
+        _let_go(size)
+
+
+async def send_pieces(send: Send, body: bytes, *, last: bool) -> None:
+    """``body`` as body messages of :data:`_PIECE` bytes at most (a connection's buffer
+    holds one at a time, never a copy of all of it); ``last``: the answer ends with it."""
+    size = len(body)
+    for at in range(0, size, _PIECE):
+        end = at + _PIECE
+        more = end < size or not last
+        await send({"type": "http.response.body", "body": body[at:end], "more_body": more})
 
 
 async def respond(
@@ -332,13 +378,9 @@ async def _respond_large(
     content_type: bytes,
     extra: list[tuple[bytes, bytes]] | None,
 ) -> None:
-    """An answer over :data:`LARGE_ANSWER` bytes (held: :func:`holding`), in pieces (a
-    connection's buffer holds one at a time, never a copy of all of it)."""
-    size = len(body)
-    await start(send, status, request_id, content_type, length=size, extra=extra)
-    for at in range(0, size, _PIECE):
-        piece = body[at : at + _PIECE]
-        await send({"type": "http.response.body", "body": piece, "more_body": at + _PIECE < size})
+    """An answer over :data:`LARGE_ANSWER` bytes (held: :func:`holding`), in pieces."""
+    await start(send, status, request_id, content_type, length=len(body), extra=extra)
+    await send_pieces(send, body, last=True)
 
 
 async def send_error(scope: Scope, send: Send, error: HttpError, request_id: bytes) -> None:

@@ -23,8 +23,10 @@ from .framing import (
     Scope,
     Send,
     holding,
+    holding_in_turn,
     respond,
     send_error,
+    send_pieces,
     start,
 )
 from .intake import header, query_of, request_id_of
@@ -36,6 +38,9 @@ __all__ = ["RunRoutes", "run_body"]
 _encode = msgspec.json.encode
 
 _POLL_S = 0.5  # how often an events stream looks for a run another frontend writes
+# The events a stream reads from the store at once, in bytes, at most (but one, whatever
+# its size: past LARGE_ANSWER, held against the bound of large answers being sent).
+_PAGE_BYTES = 256 << 10
 _MAX_LIST = 1000
 _MAX_ID_DIGITS = 18  # an event's id is a store's 64-bit integer
 _OVER = TERMINAL | {None}  # a run's status once it has its outcome (None: forgotten since)
@@ -91,11 +96,11 @@ class RunRoutes:
             error = _no_run(run_id) if size is None else HttpError(404, "not_found", what)
             await send_error(scope, send, error, rid)
         elif tail == "events":
-            row = await journal.do(journal.get, run_id, request=False)
-            if row is None:  # (forgotten meanwhile)
+            status = await journal.do(journal.status, run_id)
+            if status is None:  # (forgotten meanwhile)
                 await send_error(scope, send, _no_run(run_id), rid)
             else:
-                await self._events(scope, receive, send, row)
+                await self._events(scope, receive, send, run_id, status)
         else:
             # A large result is held against the bound of large answers before it is
             # read: clients asking for it at once cannot make the frontend read it each.
@@ -114,7 +119,9 @@ class RunRoutes:
             status, row = await self.runs.cancel(row)
         await respond(scope, send, status, run_body(row), rid, held=True)
 
-    async def _events(self, scope: Scope, receive: Receive, send: Send, row: RunRow) -> None:
+    async def _events(
+        self, scope: Scope, receive: Receive, send: Send, run_id: str, status: str
+    ) -> None:
         """SSE: the run's events after ``Last-Event-ID`` (each with its ``id:``), live as
         they come, until its ``end`` event; the client leaving ends it. 204 for a run
         that ended with nothing after ``Last-Event-ID``; 503 past ``[runs]
@@ -127,7 +134,7 @@ class RunRoutes:
             return
         after = int(last)
         journal = self.journal
-        if row.status in TERMINAL and not await journal.do(journal.events, row.id, after, 1):
+        if status in TERMINAL and await journal.do(journal.last_event, run_id) <= after:
             # The client saw the run's end (an EventSource reconnects after each stream
             # ends): 204 tells it there is nothing more to follow, and it stops.
             await start(send, 204, rid, SSE)
@@ -146,7 +153,7 @@ class RunRoutes:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_when_gone, receive, tg.cancel_scope)
-                await self._send_events(send, row.id, after)
+                await self._send_events(send, run_id, after)
                 tg.cancel_scope.cancel()
         finally:
             self.streams -= 1
@@ -159,22 +166,48 @@ class RunRoutes:
         while True:
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None
-            events = await journal.do(journal.events, run_id, after)
-            if not events and changed is None and await journal.do(journal.status, run_id) in _OVER:
+            sizes = await journal.do(journal.event_sizes, run_id, after)
+            if not sizes and changed is None and await journal.do(journal.status, run_id) in _OVER:
                 # Over: its end, written with its outcome in one transaction, is among
                 # its events now (written since the read above), or was before ``after``.
-                events = await journal.do(journal.events, run_id, after)
-                if not events:
+                sizes = await journal.do(journal.event_sizes, run_id, after)
+                if not sizes:
                     return
-            for seq, kind, data in events:
-                frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), data)
-                await send({"type": "http.response.body", "body": frame, "more_body": True})
-                after = seq
-                if kind == "end":
+            if sizes:
+                after, ended = await self._send_page(send, run_id, after, sizes)
+                if ended:
                     return
-            if not events:  # (a run of its own wakes it; another frontend's is looked for)
+            else:  # (a run of its own wakes it; another frontend's is looked for)
                 with anyio.move_on_after(_POLL_S):
                     await (changed.wait() if changed is not None else anyio.sleep_forever())
+
+    async def _send_page(
+        self, send: Send, run_id: str, after: int, sizes: list[tuple[int, int]]
+    ) -> tuple[int, bool]:
+        """The events after ``after`` that fit in :data:`_PAGE_BYTES` (``sizes``: the next
+        ones' ids and bytes; one at least, a large one held against the bound of large
+        answers, in turn, before it is read): the id of the last one sent, and whether it
+        was the ``end``."""
+        take = total = 0
+        for _, size in sizes:
+            if take and total + size > _PAGE_BYTES:
+                break
+            take, total = take + 1, total + size
+        journal = self.journal
+        async with holding_in_turn(total):
+            for seq, kind, data in await journal.do(journal.events, run_id, after, take):
+                head = b"id: %d\nevent: %s\ndata: " % (seq, kind.encode())
+                if len(data) <= _PAGE_BYTES:
+                    frame = b"%s%s\n\n" % (head, data)
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                else:
+                    await send_pieces(send, head, last=False)
+                    await send_pieces(send, data, last=False)
+                    await send_pieces(send, b"\n\n", last=False)
+                after = seq
+                if kind == "end":
+                    return after, True
+        return after, False
 
 
 async def _cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
