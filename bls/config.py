@@ -110,7 +110,9 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     forgotten after this long, and past the newest this many runs (of any status: a
     queued or running one counts, and is never forgotten); ``max_result_bytes``: a streaming
     run's items kept as its result (past it, its result is null: they are in its
-    events); ``max_event_streams``: ``/events`` streams open at once (more get 503);
+    events), and a unary run's result (past it, the run fails: ``result_too_large``; at
+    most 512 MiB, for a store holds a value of 1 GB at most); ``max_event_streams``:
+    ``/events`` streams open at once (more get 503);
     ``max_file_bytes``: a file of the Files API (``POST /v1/files``, a batch's output), at
     most; ``batch_concurrency``: a batch's lines running at once; ``batch_window_s``: how
     long a batch may run before it expires (what its ``completion_window``, ``24h``,
@@ -122,7 +124,7 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     max_running: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
     max_queued: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
-    max_result_bytes: Annotated[int, msgspec.Meta(ge=0)] = 64 * 1024 * 1024
+    max_result_bytes: Annotated[int, msgspec.Meta(ge=0, le=512 * 1024 * 1024)] = 64 * 1024 * 1024
     max_event_streams: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1024
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
     batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16

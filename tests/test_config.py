@@ -56,6 +56,7 @@ def test_relative_paths_are_resolved_against_the_file_that_names_them(tmp_path: 
         ('[stages.a]\nremote = "udp://h:1"\n', "needs a scheme"),
         ("[stages\n", "invalid TOML"),
         ("[transport]\nheartbeat = 1\n", "unknown field `heartbeat`"),
+        ("[runs]\nmax_result_bytes = 600000000\n", "<= 536870912 - at `$.runs.max_result_bytes`"),
     ],
 )
 def test_mistakes_in_a_file_are_named_with_the_file(

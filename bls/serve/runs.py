@@ -312,7 +312,7 @@ class Runs:
                 if entry.streaming:
                     result = await self._items(row.id, entry, req, live, resume)
                 else:
-                    result = _encode(await self.runtime.run(entry, req))
+                    result = self._kept(entry, _encode(await self.runtime.run(entry, req)))
                 if resume is not None:
                     resume.check_all_made()
         except Exception as exc:
@@ -322,6 +322,19 @@ class Runs:
             why = str(resume.diverged)
             diverged = HttpError(500, "recovery_diverged", why, entry=entry.name)
         await self._ended(row, live, result, failure, diverged=diverged)
+
+    def _kept(self, entry: Script, result: bytes) -> bytes:
+        """A unary run's result, within ``max_result_bytes`` (else :class:`HttpError`: the
+        run fails, rather than leave the store a result it may not hold, its outcome
+        never written, the run recovered again and again)."""
+        most = self.config.max_result_bytes
+        if len(result) > most:
+            why = (
+                f"the result is {len(result)} bytes, over the {most} a run keeps "
+                "([runs] max_result_bytes)"
+            )
+            raise HttpError(500, "result_too_large", why, entry=entry.name)
+        return result
 
     async def _run_job(self, row: RunRow, job: Job) -> None:
         """A job's run (a batch): as an entry's, but the job's own code, which notes its

@@ -372,8 +372,9 @@ def test_a_frontend_killed_mid_run_has_its_runs_finished_by_the_next_without_red
 def test_every_bound_of_runs_holds_against_a_flood_and_the_server_serves_on(
     worker: Proc, store: str, tmp_path: Path, calls: Path
 ) -> None:
-    """One run at a time, one waiting, one events stream, 40 bytes of items kept: past
-    each, a clear refusal (or the items left to the events), and the server serves on."""
+    """One run at a time, one waiting, one events stream, 40 bytes of a result kept: past
+    each, a clear refusal (the items left to the events, a unary run failed), and the
+    server serves on."""
     config = tmp_path / "bounds.toml"
     config.write_text(
         "[runs]\nlease_s = 1.0\nmax_running = 1\nmax_queued = 1\nmax_result_bytes = 40\n"
@@ -414,6 +415,16 @@ def test_every_bound_of_runs_holds_against_a_flood_and_the_server_serves_on(
         ]
         few = ended(server, submit(server, "items", {"n": 8, "steps": 1})["id"])
         assert few["result"] == [{"item": "8:0"}]
+        # A unary run whose result passes 40 bytes fails, naming the bound (typed or not),
+        # rather than be recovered again and again with a result the store is not to hold.
+        for entry in ("steps", "typed_steps"):
+            big = ended(server, submit(server, entry, {"n": 7, "steps": 6})["id"])
+            assert (big["status"], big["result"]) == ("failed", None), big
+            error = big["error"]
+            assert error["type"] == "result_too_large" and error["entry"] == entry, error
+            assert "over the 40 a run keeps ([runs] max_result_bytes)" in error["message"]
+        small = ended(server, submit(server, "steps", {"n": 1, "steps": 0})["id"])
+        assert small["result"] == {"n": 1, "out": []}  # (the server serves on)
     finally:
         drain([server])
 
