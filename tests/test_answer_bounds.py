@@ -123,7 +123,7 @@ def test_a_large_result_or_file_is_held_before_it_is_read(tmp_path: Path, backen
             async with anyio.create_task_group() as tg:
                 with holding(LARGE_ANSWERS_BYTES - LARGE_ANSWER):  # others being sent
                     tg.start_soon(follow)
-                    while framing._large.room is None:  # noqa: ASYNC110 - until it waits; bounded
+                    while not framing._large.waiting:  # noqa: ASYNC110 - until it waits; bounded
                         await anyio.sleep(0.01)
                     assert journal.payloads == 0 and not streamed  # (nothing read yet)
                 # The others' bytes let go: it goes on to the end.

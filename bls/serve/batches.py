@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -43,6 +42,7 @@ from .chat_answers import completion_body
 from .files import BODY_S
 from .framing import HttpError, Receive, Scope, Send, error_for, respond, send_error
 from .intake import Disconnected, query_of, request_id_of, route_body
+from .room import Room
 from .routing import Route
 from .run_events import journaled
 from .run_routes import list_cursor, list_limit
@@ -100,8 +100,8 @@ class Batches:
         self.kind = f"batch:{entry.name}"
         # The input files held at once: running batches' lines, and files being checked
         # (each its own room: a check never waits for a batch to end).
-        self._inputs = _Room(runs.config.batch_input_bytes)
-        self._checking = _Room(runs.config.batch_input_bytes)
+        self._inputs = Room(runs.config.batch_input_bytes)
+        self._checking = Room(runs.config.batch_input_bytes)
         runs.jobs["batch"] = self._run
         self.routes = [
             Route("/v1/batches", ["GET", "POST"], self._batches),
@@ -430,25 +430,3 @@ def _lines(data: bytes) -> list[_Line]:
     if not lines:
         raise HttpError(400, "invalid_request", "the input file has no lines")
     return lines
-
-
-class _Room:
-    """Bytes held at once, ``limit`` at most (one hold larger than it alone); a hold past
-    it waits until enough are given back."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self._given = anyio.Event()  # set (and made anew) each time bytes are given back
-
-    @asynccontextmanager
-    async def hold(self, size: int) -> AsyncIterator[None]:
-        while self.held and self.held + size > self.limit:
-            await self._given.wait()
-        self.held += size
-        try:
-            yield
-        finally:
-            self.held -= size
-            given, self._given = self._given, anyio.Event()
-            given.set()

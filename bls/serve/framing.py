@@ -8,7 +8,6 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
-import anyio
 import msgspec
 
 from ..errors import (
@@ -20,6 +19,7 @@ from ..errors import (
     encodable,
 )
 from ..scope import Reason
+from .room import Room
 
 __all__ = [
     "BODY",
@@ -269,36 +269,7 @@ LARGE_ANSWERS_BYTES = 256 << 20
 _PIECE = 256 << 10  # what a large answer is sent in
 
 
-class _Sending:
-    """The bytes of large answers being sent (or read, to be sent: :func:`holding`), and
-    what those waiting for room wait on (:func:`holding_in_turn`)."""
-
-    held = 0
-    room: anyio.Event | None = None  # set as bytes are let go
-
-
-_large = _Sending()
-
-
-def _take(size: int) -> bool:
-    """Hold ``size`` bytes of large answers if there is room (True); ``size`` of
-    :data:`LARGE_ANSWER` or less holds nothing (True). One larger than the whole bound
-    fits when nothing else is held."""
-    if size <= LARGE_ANSWER:
-        return True
-    held = _large.held
-    if held and held + size > LARGE_ANSWERS_BYTES:
-        return False
-    _large.held = held + size
-    return True
-
-
-def _let_go(size: int) -> None:
-    if size > LARGE_ANSWER:
-        _large.held -= size
-        if _large.room is not None:
-            _large.room.set()
-            _large.room = None
+_large = Room(LARGE_ANSWERS_BYTES)  # the large answers being sent (or read, to be sent)
 
 
 @contextlib.contextmanager
@@ -308,7 +279,10 @@ def holding(size: int) -> Iterator[None]:
     file's content): :class:`HttpError` 503 past the bound, before anything is read. (A
     size of :data:`LARGE_ANSWER` or less holds nothing. The answer then goes out with
     :func:`respond`'s ``held``.)"""
-    if not _take(size):
+    if size <= LARGE_ANSWER:
+        yield
+        return
+    if not _large.take(size):
         why = (
             f"{_large.held >> 20} MiB of large answers are being sent, at most "
             f"{LARGE_ANSWERS_BYTES >> 20} MiB at once; try again"
@@ -317,22 +291,18 @@ def holding(size: int) -> Iterator[None]:
     try:
         yield
     finally:
-        _let_go(size)
+        _large.give(size)
 
 
 @contextlib.asynccontextmanager
 async def holding_in_turn(size: int) -> AsyncIterator[None]:
     """:func:`holding`, waiting for room rather than refusing: for an answer already
     under way (a large event of an events stream)."""
-    while not _take(size):  # (woken, it tries again: another may have taken the room)
-        room = _large.room
-        if room is None:
-            room = _large.room = anyio.Event()
-        await room.wait()
-    try:
+    if size <= LARGE_ANSWER:
         yield
-    finally:
-        _let_go(size)
+        return
+    async with _large.hold(size):
+        yield
 
 
 async def send_pieces(send: Send, body: bytes, *, last: bool) -> None:
