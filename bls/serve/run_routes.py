@@ -90,22 +90,24 @@ class RunRoutes:
         run_id, _, tail = rest.partition("/")
         rid = request_id_of(scope)
         journal = self.journal
-        size = await journal.do(journal.result_size, run_id)
-        if size is None or tail not in ("", "events") or (tail and scope["method"] == "DELETE"):
-            what = f"no route {scope['method']} {scope['path']}"
-            error = _no_run(run_id) if size is None else HttpError(404, "not_found", what)
-            await send_error(scope, send, error, rid)
-        elif tail == "events":
-            status = await journal.do(journal.status, run_id)
-            if status is None:  # (forgotten meanwhile)
+        if tail == "":
+            size = await journal.do(journal.result_size, run_id)
+            if size is None:
                 await send_error(scope, send, _no_run(run_id), rid)
-            else:
-                await self._events(scope, receive, send, run_id, status)
-        else:
+                return
             # A large result is held against the bound of large answers before it is
             # read: clients asking for it at once cannot make the frontend read it each.
             with holding(size):
                 await self._answer_run(scope, send, run_id, rid)
+            return
+        status = await journal.do(journal.status, run_id)
+        if status is None:
+            await send_error(scope, send, _no_run(run_id), rid)
+        elif tail == "events" and scope["method"] != "DELETE":
+            await self._events(scope, receive, send, run_id, status)
+        else:
+            what = f"no route {scope['method']} {scope['path']}"
+            await send_error(scope, send, HttpError(404, "not_found", what), rid)
 
     async def _answer_run(self, scope: Scope, send: Send, run_id: str, rid: bytes) -> None:
         """``GET`` the run (with its result), or ``DELETE`` it: cancelled, then as it is."""
