@@ -19,7 +19,7 @@ import anyio
 import msgspec
 
 from .config import Config, ConfigError
-from .console import claim_stdout, emit, read_input, ready_line, setup_logging
+from .console import claim_stdout, counted, emit, read_input, ready_line, setup_logging
 from .recording import Recorder, dump
 from .replay import read, replay_file
 from .scope import RequestScope
@@ -118,7 +118,7 @@ def batch(args: argparse.Namespace) -> int:
         done.close()
         raise
     done.finish()
-    answered = f"{requests} line{'s' * (requests != 1)} answered ({done.errors} with an error)"
+    answered = f"{counted(requests, 'line')} answered ({done.errors} with an error)"
     print(f"bls batch: {answered}, into {output}", file=sys.stderr)
     return 0
 

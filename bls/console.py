@@ -20,6 +20,7 @@ from .paths import missing
 __all__ = [
     "UsageError",
     "claim_stdout",
+    "counted",
     "emit",
     "loggable",
     "read_input",
@@ -65,6 +66,11 @@ def emit(line: bytes | str) -> None:
     out = _results if _results is not None else sys.stdout.buffer
     out.write((line.encode() if isinstance(line, str) else line) + b"\n")
     out.flush()
+
+
+def counted(n: int, thing: str) -> str:
+    """``n`` and ``thing``, plural but for one (``1 line``, ``3 lines``)."""
+    return f"{n} {thing}{'s' * (n != 1)}"
 
 
 def ready_line(address: str, unreachable: list[str]) -> str:

@@ -12,14 +12,10 @@ import sys
 import time
 from typing import Any
 
-from .console import emit, read_input
+from .console import counted, emit, read_input
 from .loadgen import BenchError, Result, input_json, run_bench
 
 __all__ = ["main", "plot", "table"]
-
-
-def _counted(n: int, thing: str) -> str:
-    return f"{n} {thing}{'s' * (n != 1)}"
 
 
 def table(summary: dict[str, Any]) -> Any:
@@ -27,7 +23,7 @@ def table(summary: dict[str, Any]) -> Any:
 
     urls = summary["urls"]
     more = f" and {len(urls) - 1} more" if len(urls) > 1 else ""
-    title = f"{summary['url']}{more}, {_counted(summary['concurrency'], 'connection')}"
+    title = f"{summary['url']}{more}, {counted(summary['concurrency'], 'connection')}"
     out = Table(title=title, min_width=len(title) + 4)
     out.add_column("measure")
     out.add_column("value", justify="right")
@@ -87,7 +83,7 @@ def plot(result: Result, path: str) -> None:
     histogram.set_xlabel("latency (ms)")
     histogram.set_ylabel("requests")
     histogram.set_title(
-        f"{_counted(len(ok), 'request')}, {_counted(result.concurrency, 'connection')}"
+        f"{counted(len(ok), 'request')}, {counted(result.concurrency, 'connection')}"
     )
     fig.suptitle(result.url)
     fig.tight_layout()
