@@ -7,7 +7,9 @@
 
 A run is answered as :func:`run_body` writes it. Events are read from the journal, so a
 frontend serves those of a run another frontend on the store is running (looking for
-new ones every ``_POLL_S``; a run of its own wakes it as each is written).
+new ones :data:`_POLL_FIRST_S` after the last it found, twice as long after each look
+that finds none, up to every :data:`_POLL_S`; a run of its own wakes it as each is
+written).
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ __all__ = ["RunRoutes", "run_body"]
 
 _encode = msgspec.json.encode
 
-_POLL_S = 0.5  # how often an events stream looks for a run another frontend writes
+# How soon an events stream looks again for the events of a run another frontend writes:
+# soon after it found some (a streaming run's items follow one another), backing off to
+# _POLL_S while it finds none (a run waiting on a long call costs two reads a second).
+_POLL_FIRST_S = 0.05
+_POLL_S = 0.5
 # The events a stream reads from the store at once, in bytes, at most (but one, whatever
 # its size: past LARGE_ANSWER, held against the bound of large answers being sent).
 _PAGE_BYTES = 256 << 10
@@ -165,6 +171,7 @@ class RunRoutes:
         """The run's events after ``after``, then each as it comes, to its ``end`` (or
         to the run's end, for a client that named an event past it)."""
         journal = self.journal
+        poll = _POLL_FIRST_S
         while True:
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None
@@ -179,9 +186,11 @@ class RunRoutes:
                 after, ended = await self._send_page(send, run_id, after, sizes)
                 if ended:
                     return
+                poll = _POLL_FIRST_S
             else:  # (a run of its own wakes it; another frontend's is looked for)
-                with anyio.move_on_after(_POLL_S):
+                with anyio.move_on_after(poll):
                     await (changed.wait() if changed is not None else anyio.sleep_forever())
+                poll = min(2 * poll, _POLL_S)
 
     async def _send_page(
         self, send: Send, run_id: str, after: int, sizes: list[tuple[int, int]]

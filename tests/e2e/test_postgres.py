@@ -1,7 +1,7 @@
 """Background runs on PostgreSQL (``bls serve --runs postgresql://...``), against a real
 server (tests/e2e/postgres.py): the store's contract (the tests of tests/test_journal.py,
-run here on PostgreSQL), and two frontends sharing runs, one of them killed with
-SIGKILL mid-run."""
+run here on PostgreSQL), and two frontends sharing runs (tests/e2e/test_runs.py's test of
+that, run here too), one of them killed with SIGKILL mid-run."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from .test_runs import (  # noqa: F401
     lines,
     serve,
     submit,
+    test_two_frontends_on_one_store_act_as_one,
     worker,
 )
 

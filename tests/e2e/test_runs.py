@@ -8,7 +8,9 @@ import collections
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
@@ -458,5 +460,18 @@ def test_two_frontends_on_one_store_act_as_one(
         got = _events(f"{second.address}/v1/runs/{run['id']}/events", None)
         items = [json.loads(d)["item"] for _, k, d in got if k == "item"]
         assert items == ["2:0", "2:1", "2:2"] and got[-1][1] == "end"
+        # Its items come through the other frontend as they are made, not in bursts: 12
+        # made 0.1 s apart come one or two at a time (looking every half second, five).
+        run = submit(first, "items", {"n": 3, "steps": 12, "extra": {"sleep": 0.1}})
+        url = f"{second.address}/v1/runs/{run['id']}/events"
+        with httpx.stream("GET", url, timeout=30) as answer:
+            came = [time.monotonic() for line in answer.iter_lines() if line == "event: item"]
+        bursts = [1]  # how many came at once, moment after moment
+        for before, then in pairwise(came):
+            if then - before < 0.02:
+                bursts[-1] += 1
+            else:
+                bursts.append(1)
+        assert len(came) == 12 and max(bursts[1:]) <= 3, bursts  # (the first: caught up)
     finally:
         drain([first, second])

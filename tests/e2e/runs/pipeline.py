@@ -38,7 +38,7 @@ async def typed_steps(req: Job) -> Done:
 @bls.script
 async def items(req):
     for step in range(req["steps"]):
-        yield {"item": await stage("slow", {"run": req["n"], "step": step})}
+        yield {"item": await stage("slow", {"run": req["n"], "step": step, **req.get("extra", {})})}
 
 
 @bls.script(openai="chat", model="tiny")
