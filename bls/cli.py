@@ -428,7 +428,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)  # (a mistake: not on stdout, which carries results)
         return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:

@@ -167,6 +167,9 @@ def test_version_and_help() -> None:
     for command in ["run", "check"]:
         out = run_bls(command, "--help")
         assert out.returncode == 0 and "--bind" in out.stdout
+    # No command is a mistake: its usage goes where errors go (`bls | jq` reads nothing).
+    out = run_bls()
+    assert out.returncode == 2 and out.stdout == "" and "usage: bls" in out.stderr
 
 
 # -- traps a newcomer fell into --------------------------------------------------------
