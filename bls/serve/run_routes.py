@@ -187,9 +187,11 @@ class RunRoutes:
                 if ended:
                     return
                 poll = _POLL_FIRST_S
-            else:  # (a run of its own wakes it; another frontend's is looked for)
-                with anyio.move_on_after(poll):
-                    await (changed.wait() if changed is not None else anyio.sleep_forever())
+            elif changed is not None:  # a run of its own wakes it
+                with anyio.move_on_after(_POLL_S):
+                    await changed.wait()
+            else:  # another frontend's is looked for
+                await anyio.sleep(poll)
                 poll = min(2 * poll, _POLL_S)
 
     async def _send_page(
