@@ -394,6 +394,19 @@ class Journal:
             ).fetchall()
         ]
 
+    def news(
+        self, run_id: str, after: int, limit: int = 256
+    ) -> tuple[str | None, list[tuple[int, int]]]:
+        """The run's status (None: no such run) and :meth:`event_sizes` after ``after``,
+        in one read: a run over has its ``end`` among them, or at ``after`` or before."""
+        rows = self._execute(
+            "SELECT r.status, e.seq, length(e.data) FROM runs r LEFT JOIN events e "
+            "ON e.run = r.id AND e.seq > ? WHERE r.id = ? ORDER BY e.seq LIMIT ?",
+            (after, run_id, limit),
+        ).fetchall()
+        sizes = [(int(seq), int(size)) for _, seq, size in rows if seq is not None]
+        return (str(rows[0][0]) if rows else None), sizes
+
     def last_event(self, run_id: str) -> int:
         row = self._execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()
         return int(row[0] or 0)

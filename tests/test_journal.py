@@ -151,6 +151,20 @@ def test_calls_and_events_come_back_in_order(open_store: OpenStore) -> None:
     assert journal.last_event("r") == 300 and journal.last_event("none") == 0
 
 
+def test_a_runs_status_and_its_news_come_in_one_read(open_store: OpenStore) -> None:
+    """What an events stream of another frontend's run reads each time it looks."""
+    journal = open_store()
+    journal.create(row("r", created=time.time(), status="running"))
+    assert journal.news("r", 0) == ("running", [])
+    journal.event("r", 1, "status", b"{}")
+    journal.event("r", 2, "item", b"[1,2]")
+    assert journal.news("r", 0) == ("running", [(1, 2), (2, 5)])
+    assert journal.news("r", 1, limit=1) == ("running", [(2, 5)])
+    journal.finish("r", "succeeded", result=b"1")
+    assert journal.news("r", 2) == ("succeeded", [])
+    assert journal.news("gone", 0) == (None, [])
+
+
 def test_finished_runs_are_forgotten_by_age_and_count(open_store: OpenStore) -> None:
     journal = open_store()
     now = time.time()

@@ -44,6 +44,7 @@ _encode = msgspec.json.encode
 # _POLL_S while it finds none (a run waiting on a long call costs two reads a second).
 _POLL_FIRST_S = 0.05
 _POLL_S = 0.5
+_LOOK = 256  # the events a look lists at most
 # The events a stream reads from the store at once, in bytes, at most (but one, whatever
 # its size: past LARGE_ANSWER, held against the bound of large answers being sent).
 _PAGE_BYTES = 256 << 10
@@ -175,24 +176,25 @@ class RunRoutes:
         while True:
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None
-            sizes = await journal.do(journal.event_sizes, run_id, after)
-            if not sizes and changed is None and await journal.do(journal.status, run_id) in _OVER:
-                # Over: its end, written with its outcome in one transaction, is among
-                # its events now (written since the read above), or was before ``after``.
-                sizes = await journal.do(journal.event_sizes, run_id, after)
-                if not sizes:
-                    return
+            if changed is not None:  # a run of its own, which wakes the stream as it writes
+                sizes = await journal.do(journal.event_sizes, run_id, after, _LOOK)
+            else:  # another frontend's, or over: its status and its new events, in one read
+                status, sizes = await journal.do(journal.news, run_id, after, _LOOK)
+                if not sizes and status in _OVER:
+                    return  # (its end, written with its outcome, was at ``after`` or before)
             if sizes:
                 after, ended = await self._send_page(send, run_id, after, sizes)
                 if ended:
                     return
+                if changed is not None or after < sizes[-1][0] or len(sizes) == _LOOK:
+                    continue  # (more to send now, or a run of its own: it says when)
                 poll = _POLL_FIRST_S
-            elif changed is not None:  # a run of its own wakes it
+            elif changed is not None:
                 with anyio.move_on_after(_POLL_S):
                     await changed.wait()
-            else:  # another frontend's is looked for
-                await anyio.sleep(poll)
-                poll = min(2 * poll, _POLL_S)
+                continue
+            await anyio.sleep(poll)  # (another frontend's run: looked at again then)
+            poll = min(2 * poll, _POLL_S)
 
     async def _send_page(
         self, send: Send, run_id: str, after: int, sizes: list[tuple[int, int]]
