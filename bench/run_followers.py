@@ -12,8 +12,9 @@ are submitted to the first, and each is followed through both at once (`GET
 /v1/runs/ID/events`). An item's delay is when the second frontend's stream gave it after
 the first's did (the first few items of a run left out: the two streams connect at
 different moments). The table gives the median, 90th percentile and largest delay over
-all rounds, and the second frontend's CPU time (from /proc) per item and as a share of a
-core while the streams ran, median [min-max] over rounds.
+all rounds, the second frontend's CPU time (from /proc) per item and as a share of a core
+while the streams ran, and the first's share (it runs the runs, writes their events and
+serves its own streams), median [min-max] over rounds.
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ async def _follow(client: httpx.AsyncClient, url: str, run_id: str) -> dict[int,
 
 
 async def _round(
-    owner: str, other: str, pid: int, streams: int, items: int, interval: float
-) -> tuple[list[float], float, float]:
+    owner: str, other: str, pids: tuple[int, int], streams: int, items: int, interval: float
+) -> tuple[list[float], float, float, float]:
     """(each item's delay in seconds, the other frontend's CPU seconds per item, its
-    share of a core) for ``streams`` runs followed through both frontends."""
+    share of a core, the owner's share of a core) for ``streams`` runs followed through
+    both frontends."""
     limits = httpx.Limits(max_connections=4 * streams + 4)
     async with httpx.AsyncClient(limits=limits, timeout=120) as client:
         body = {"count": items, "interval": interval}
@@ -64,11 +66,12 @@ async def _round(
             )
             assert answer.status_code == 202, answer.text
             ids.append(answer.json()["id"])
-        cpu0, t0 = cpu_seconds(pid), time.monotonic()
+        cpu0, t0 = [cpu_seconds(pid) for pid in pids], time.monotonic()
         pairs = await asyncio.gather(
             *(asyncio.gather(_follow(client, owner, r), _follow(client, other, r)) for r in ids)
         )
-        cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - t0
+        wall = time.monotonic() - t0
+        mine, theirs = (cpu_seconds(pid) - before for pid, before in zip(pids, cpu0, strict=True))
     delays = [
         there[event] - here[event]
         for here, there in pairs
@@ -76,7 +79,7 @@ async def _round(
         if event in there
     ]
     assert len(delays) == streams * (items - _SKIP), "an item did not come through both"
-    return delays, cpu / (streams * items), cpu / wall
+    return delays, theirs / (streams * items), theirs / wall, mine / wall
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -101,24 +104,24 @@ def main() -> None:
             procs.append(first)
             second, other = serve_app(echo, "--runs", store)
             procs.append(second)
+            pids = (first.pid, second.pid)
             print(f"store: {args.store}; {args.items} items a run, {args.interval}s apart")
             head = f"{'streams':>7} {'delay ms median / p90 / max':>28} {'CPU µs/item':>18}"
-            print(f"{head} {'CPU % of a core':>18}")
+            print(f"{head} {'CPU % of a core':>18} {'owner CPU %':>18}")
             for level in (int(x) for x in args.streams.split(",")):
                 delays: list[float] = []
-                per_item, share = [], []
+                per_item, share, owner_share = [], [], []
                 for _ in range(args.rounds):
-                    got = asyncio.run(
-                        _round(owner, other, second.pid, level, args.items, args.interval)
-                    )
+                    got = asyncio.run(_round(owner, other, pids, level, args.items, args.interval))
                     delays += got[0]
                     per_item.append(got[1] * 1e6)
                     share.append(got[2] * 100)
+                    owner_share.append(got[3] * 100)
                 ms = [_quantile(delays, q) * 1000 for q in (0.5, 0.9, 1.0)]
                 shown = " / ".join(f"{m:.0f}" for m in ms)
                 print(
                     f"{level:>7} {shown:>28} {spread(per_item, '.0f'):>18} "
-                    f"{spread(share, '.1f'):>18}"
+                    f"{spread(share, '.1f'):>18} {spread(owner_share, '.1f'):>18}"
                 )
         finally:
             stop_all(procs)

@@ -33,6 +33,7 @@ __all__ = [
     "FileRow",
     "Journal",
     "JournalError",
+    "Listed",
     "RunRow",
 ]
 
@@ -43,6 +44,7 @@ EVERY = 2**62  # LIMIT with no limit, in SQL both stores read
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 Event = tuple[int, str, bytes]  # a run's event: (its number, its kind, its data)
+Listed = tuple[int, str, int, bytes | None]  # an event as Journal.news lists it
 
 _call_encoder = msgspec.msgpack.Encoder()
 _call_decoder = msgspec.msgpack.Decoder(RecordedCall)
@@ -382,30 +384,25 @@ class Journal:
         ).fetchall()
         return [(seq, kind, bytes(data)) for seq, kind, data in rows]
 
-    def event_sizes(self, run_id: str, after: int = 0, limit: int = 256) -> list[tuple[int, int]]:
-        """Each event's id and bytes, as :meth:`events` would give them, without them:
-        how many of them to read at once."""
-        return [
-            (int(seq), int(size))
-            for seq, size in self._execute(
-                "SELECT seq, length(data) FROM events WHERE run = ? AND seq > ? "
-                "ORDER BY seq LIMIT ?",
-                (run_id, after, limit),
-            ).fetchall()
-        ]
-
     def news(
-        self, run_id: str, after: int, limit: int = 256
-    ) -> tuple[str | None, list[tuple[int, int]]]:
-        """The run's status (None: no such run) and :meth:`event_sizes` after ``after``,
-        in one read: a run over has its ``end`` among them, or at ``after`` or before."""
+        self, run_id: str, after: int, limit: int = 256, inline: int = 1024
+    ) -> tuple[str | None, list[Listed]]:
+        """The run's status (None: no such run) and its events after ``after`` (``limit``
+        at most), in one read: each one's id, kind and bytes, and its data when it is
+        ``inline`` bytes or fewer (None: read it with :meth:`events`). A run over has
+        its ``end`` among them, or at ``after`` or before."""
         rows = self._execute(
-            "SELECT r.status, e.seq, length(e.data) FROM runs r LEFT JOIN events e "
-            "ON e.run = r.id AND e.seq > ? WHERE r.id = ? ORDER BY e.seq LIMIT ?",
-            (after, run_id, limit),
+            "SELECT r.status, e.seq, e.kind, length(e.data), CASE WHEN length(e.data) <= ? "
+            "THEN e.data END FROM runs r LEFT JOIN events e ON e.run = r.id AND e.seq > ? "
+            "WHERE r.id = ? ORDER BY e.seq LIMIT ?",
+            (inline, after, run_id, limit),
         ).fetchall()
-        sizes = [(int(seq), int(size)) for _, seq, size in rows if seq is not None]
-        return (str(rows[0][0]) if rows else None), sizes
+        listed = [
+            (int(seq), str(kind), int(size), None if data is None else bytes(data))
+            for _, seq, kind, size, data in rows
+            if seq is not None
+        ]
+        return (str(rows[0][0]) if rows else None), listed
 
     def last_event(self, run_id: str) -> int:
         row = self._execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()

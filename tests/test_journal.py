@@ -144,24 +144,26 @@ def test_calls_and_events_come_back_in_order(open_store: OpenStore) -> None:
     page = journal.events("r")
     assert len(page) == 256 and page[0] == (1, "item", b"1")
     assert [s for s, _, _ in journal.events("r", after=page[-1][0])] == list(range(257, 301))
-    # Their sizes, without them (what an events stream reads at once): ids and bytes.
-    sizes = journal.event_sizes("r", after=297)
-    assert sizes == [(298, 3), (299, 3), (300, 3)] and journal.event_sizes("r", 300) == []
-    assert journal.event_sizes("r", limit=2) == [(1, 1), (2, 1)]
     assert journal.last_event("r") == 300 and journal.last_event("none") == 0
 
 
 def test_a_runs_status_and_its_news_come_in_one_read(open_store: OpenStore) -> None:
-    """What an events stream of another frontend's run reads each time it looks."""
+    """What an events stream reads each time it looks: the run's status and its new
+    events, the small ones with their data, the others by their size alone."""
     journal = open_store()
     journal.create(row("r", created=time.time(), status="running"))
     assert journal.news("r", 0) == ("running", [])
     journal.event("r", 1, "status", b"{}")
     journal.event("r", 2, "item", b"[1,2]")
-    assert journal.news("r", 0) == ("running", [(1, 2), (2, 5)])
-    assert journal.news("r", 1, limit=1) == ("running", [(2, 5)])
+    journal.event("r", 3, "item", b"x" * 2000)
+    assert journal.news("r", 0) == (
+        "running",
+        [(1, "status", 2, b"{}"), (2, "item", 5, b"[1,2]"), (3, "item", 2000, None)],
+    )
+    assert journal.news("r", 1, limit=1) == ("running", [(2, "item", 5, b"[1,2]")])
+    assert journal.news("r", 2, inline=2000)[1] == [(3, "item", 2000, b"x" * 2000)]
     journal.finish("r", "succeeded", result=b"1")
-    assert journal.news("r", 2) == ("succeeded", [])
+    assert journal.news("r", 3) == ("succeeded", [])
     assert journal.news("gone", 0) == (None, [])
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from ..journal import STATUSES, TERMINAL, Journal, RunRow
+from ..journal import STATUSES, TERMINAL, Journal, Listed, RunRow
 from .framing import (
     SSE,
     HttpError,
@@ -45,6 +45,7 @@ _encode = msgspec.json.encode
 _POLL_FIRST_S = 0.05
 _POLL_S = 0.5
 _LOOK = 256  # the events a look lists at most
+_INLINE = 1024  # a listed event's data comes with it up to this size (256 KiB a look)
 # The events a stream reads from the store at once, in bytes, at most (but one, whatever
 # its size: past LARGE_ANSWER, held against the bound of large answers being sent).
 _PAGE_BYTES = 256 << 10
@@ -175,21 +176,18 @@ class RunRoutes:
         poll = _POLL_FIRST_S
         while True:
             live = self.runs.live.get(run_id)
-            changed = live.changed if live is not None else None
-            if changed is not None:  # a run of its own, which wakes the stream as it writes
-                sizes = await journal.do(journal.event_sizes, run_id, after, _LOOK)
-            else:  # another frontend's, or over: its status and its new events, in one read
-                status, sizes = await journal.do(journal.news, run_id, after, _LOOK)
-                if not sizes and status in _OVER:
-                    return  # (its end, written with its outcome, was at ``after`` or before)
-            if sizes:
-                after, ended = await self._send_page(send, run_id, after, sizes)
+            changed = live.changed if live is not None else None  # (taken before the read)
+            status, listed = await journal.do(journal.news, run_id, after, _LOOK, _INLINE)
+            if not listed and status in _OVER:
+                return  # (its end, written with its outcome, was at ``after`` or before)
+            if listed:
+                after, ended = await self._send_page(send, run_id, after, listed)
                 if ended:
                     return
-                if changed is not None or after < sizes[-1][0] or len(sizes) == _LOOK:
+                if changed is not None or after < listed[-1][0] or len(listed) == _LOOK:
                     continue  # (more to send now, or a run of its own: it says when)
                 poll = _POLL_FIRST_S
-            elif changed is not None:
+            elif changed is not None:  # a run of its own wakes the stream as it writes
                 with anyio.move_on_after(_POLL_S):
                     await changed.wait()
                 continue
@@ -197,20 +195,23 @@ class RunRoutes:
             poll = min(2 * poll, _POLL_S)
 
     async def _send_page(
-        self, send: Send, run_id: str, after: int, sizes: list[tuple[int, int]]
+        self, send: Send, run_id: str, after: int, listed: list[Listed]
     ) -> tuple[int, bool]:
-        """The events after ``after`` that fit in :data:`_PAGE_BYTES` (``sizes``: the next
-        ones' ids and bytes; one at least, a large one held against the bound of large
-        answers, in turn, before it is read): the id of the last one sent, and whether it
-        was the ``end``."""
+        """The events after ``after`` that fit in :data:`_PAGE_BYTES` (``listed``: the
+        next ones, as :meth:`Journal.news` lists them; one at least, a large one held
+        against the bound of large answers, in turn, before it is read): the id of the
+        last one sent, and whether it was the ``end``."""
         take = total = 0
-        for _, size in sizes:
+        for _, _, size, _ in listed:
             if take and total + size > _PAGE_BYTES:
                 break
             take, total = take + 1, total + size
+        events = [(seq, kind, data) for seq, kind, _, data in listed[:take] if data is not None]
         journal = self.journal
         async with holding_in_turn(total):
-            for seq, kind, data in await journal.do(journal.events, run_id, after, take):
+            if len(events) < take:  # (larger ones, listed without their data: read now)
+                events = await journal.do(journal.events, run_id, after, take)
+            for seq, kind, data in events:
                 head = b"id: %d\nevent: %s\ndata: " % (seq, kind.encode())
                 if len(data) <= _PAGE_BYTES:
                     frame = b"%s%s\n\n" % (head, data)
