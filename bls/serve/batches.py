@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -155,18 +156,12 @@ class Batches:
         if asked.completion_window != "24h":
             why = f"completion_window {asked.completion_window!r}: only '24h' is supported"
             raise HttpError(400, "invalid_request", why, path="$.completion_window")
-        journal = self.journal
-        found = await journal.do(journal.file, asked.input_file_id)
-        if found is None:
-            why = f"no file {asked.input_file_id!r}"
-            raise HttpError(400, "invalid_request", why, path="$.input_file_id")
-        async with self._checking.hold(found.size):
-            file = await journal.load_file(asked.input_file_id)
-            if file is None or file.data is None:
+        async with self._input(self._checking, asked.input_file_id) as data:
+            if data is None:
                 why = f"no file {asked.input_file_id!r}"
                 raise HttpError(400, "invalid_request", why, path="$.input_file_id")
             # (Each line checked now, in a worker thread: 400 naming the first wrong one.)
-            await anyio.to_thread.run_sync(_lines, file.data)
+            await anyio.to_thread.run_sync(_lines, data)
         request = _encode(
             {
                 "input_file_id": asked.input_file_id,
@@ -254,28 +249,37 @@ class Batches:
     ) -> bytes:
         """The batch's run (a :data:`bls.serve.runs.Job`): once its input file fits in
         ``batch_input_bytes`` beside the others running, its lines (:meth:`_run_lines`)."""
-        journal = self.journal
         file_id = msgspec.json.decode(row.request)["input_file_id"]
+        async with self._input(self._inputs, file_id) as data:
+            if data is None:
+                why = f"the input file {file_id!r} was deleted"
+                raise HttpError(400, "invalid_request", why)
+            return await self._run_lines(row, scope, note, data)  # (held while it runs)
+
+    @asynccontextmanager
+    async def _input(self, room: Room, file_id: str) -> AsyncIterator[bytes | None]:
+        """The bytes of input file ``file_id`` (None: there is none), read once ``room``
+        holds its size, and held there while the block runs."""
+        journal = self.journal
         found = await journal.do(journal.file, file_id)
         if found is None:
-            raise HttpError(400, "invalid_request", f"the input file {file_id!r} was deleted")
-        async with self._inputs.hold(found.size):
-            return await self._run_lines(row, scope, note, file_id)
+            yield None
+            return
+        async with room.hold(found.size):
+            file = await journal.load_file(file_id)
+            yield None if file is None else file.data
 
     async def _run_lines(
         self,
         row: RunRow,
         scope: RequestScope,
         note: Callable[[str, bytes], Awaitable[None]],
-        file_id: str,
+        source: bytes,
     ) -> bytes:
-        """The batch's lines not done yet, then its output and error files (those made
-        even when it is cancelled or expires)."""
+        """The batch's lines (``source``: its input file) not done yet, then its output and
+        error files (those made even when it is cancelled or expires)."""
         journal = self.journal
-        file = await journal.load_file(file_id)
-        if file is None or file.data is None:
-            raise HttpError(400, "invalid_request", f"the input file {file_id!r} was deleted")
-        lines = await anyio.to_thread.run_sync(_lines, file.data)
+        lines = await anyio.to_thread.run_sync(_lines, source)
         done: dict[int, _Done] = {}
         async for data in journaled(journal, row.id, "line"):
             ended = msgspec.json.decode(data, type=_Done)
