@@ -218,7 +218,11 @@ class Frontend:
         it goes on without this request (:mod:`.runs`). Its deadline is its own."""
         assert self.runs is not None
         timeout = request_timeout(request.headers, None)
-        row = await self.runs.submit(entry, body, request.scope.ctx.priority, timeout)
+        try:
+            row = await self.runs.submit(entry, body, request.scope.ctx.priority, timeout)
+        except JournalError as exc:  # (not the script's failure: the run was not made)
+            log.error("%s: %s", entry.name, exc)
+            raise HttpError(503, "store_unavailable", str(exc), entry=entry.name) from None
         extra = [
             (b"location", b"/v1/runs/" + row.id.encode()),
             (b"preference-applied", b"respond-async"),
