@@ -18,7 +18,8 @@ it and appends the batch. Recording never holds up or stops serving:
   write it, for ``finish_s`` at most; then the writer is stopped and what it had not
   written is counted as lost;
 - the writer appends each record whole or not at all (a short write is continued, a
-  failed one logged and cut back off its segment), and reports how many it wrote, so the
+  failed one cut back off its segment and logged: the first of a run of them, then every
+  1,000th, then when records are written again), and reports how many it wrote, so the
   closing line counts records written, not sent.
 """
 
@@ -59,6 +60,9 @@ _RESTART_S = 1.0  # between a writer's death and its replacement
 # wake-up a batch, not a record (and the writer writes a batch in one write too).
 _GATHER_S = 0.005
 _END = operator.itemgetter(1)  # of an index entry (name, end)
+# Records dropped, or that could not be written, are logged at the first, then at every
+# this many (a full disk under load fails thousands a second).
+_NOTE_EVERY = 1000
 
 
 class RecordWriter:
@@ -160,7 +164,7 @@ class RecordWriter:
 
     def _drop(self) -> None:
         self.dropped += 1
-        if self.dropped == 1 or self.dropped % 1000 == 0:
+        if self.dropped == 1 or self.dropped % _NOTE_EVERY == 0:
             log.warning(
                 "recording: the writer does not keep up (%d bytes waiting, at most %d); "
                 "%d record(s) dropped",
@@ -403,6 +407,7 @@ def write_segments(folder: str | Path) -> int:
     source = sys.stdin.fileno()
     counts = sys.stdout.buffer
     written = failed = 0
+    failing = 0  # records not written since the last one that was
     try:
         while True:
             head = _read_exactly(source, BATCH.size)
@@ -416,16 +421,17 @@ def write_segments(folder: str | Path) -> int:
             try:
                 segment.append(b"".join(frame for _, frame in frames))
                 written += len(frames)
+                failing = _written_again(failing)
             except OSError:
                 for name, frame in frames:
                     try:
                         segment.append(frame)
                         written += 1
+                        failing = _written_again(failing)
                     except OSError as exc:
                         failed += 1
-                        print(
-                            f"bls: recording: cannot write {name}'s record: {exc}", file=sys.stderr
-                        )
+                        failing += 1
+                        _not_written(name, exc, failing)
             try:
                 counts.write(b"%d %d\n" % (written, failed))
                 counts.flush()
@@ -433,6 +439,25 @@ def write_segments(folder: str | Path) -> int:
                 pass  # the server stopped reading: it counts what it can
     finally:
         segment.close()
+
+
+def _not_written(name: str, exc: OSError, failing: int) -> None:
+    """Says that a record could not be written: the first of a run of such records, then
+    every :data:`_NOTE_EVERY` (a full disk under load fails thousands a second)."""
+    if failing == 1:
+        print(f"bls: recording: cannot write {name}'s record: {exc}", file=sys.stderr)
+    elif failing % _NOTE_EVERY == 0:
+        print(f"bls: recording: {failing} record(s) not written so far: {exc}", file=sys.stderr)
+
+
+def _written_again(failing: int) -> int:
+    """After a record is written: says so if some before were not. The new count: 0."""
+    if failing:
+        print(
+            f"bls: recording: records are written again; {failing} record(s) were not",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:

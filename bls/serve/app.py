@@ -129,6 +129,8 @@ class Frontend:
         self.metrics.watch_bindings(runtime.bindings)
         if runs is not None:
             self.metrics.watch_runs(runs)
+        if records is not None:
+            self.metrics.watch_records(records)
         self.traces = TraceStore(self.limits.trace_keep)
         self.export = export  # OpenTelemetry, when configured (bls.otel)
         self.inflight = 0

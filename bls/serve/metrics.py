@@ -74,6 +74,7 @@ class Metrics:
         self._queued = queued
         self._bindings: Mapping[str, Binding] = {}
         self._runs: Any = None  # a .runs.Runs: its live runs and outcomes
+        self._records: Any = None  # a bls.record_writer.RecordWriter: its counts
         self.shared: SharedMetrics | None = None  # one of several processes' (--processes)
         self.registry = CollectorRegistry()
         self.registry.register(self)
@@ -119,6 +120,11 @@ class Metrics:
         """Also export the background runs (:class:`.runs.Runs`): those running here, and
         how many ended here, by status."""
         self._runs = runs
+
+    def watch_records(self, records: Any) -> None:
+        """Also export what ``bls serve --record`` did with the requests' records
+        (:class:`bls.record_writer.RecordWriter`'s counts)."""
+        self._records = records
 
     def render(self) -> bytes:
         """The Prometheus text: this process's; with siblings (``bls serve --processes``,
@@ -172,6 +178,8 @@ class Metrics:
                 ["status"],
                 {(k,): n for k, n in self._runs.outcomes.items()},
             )
+        if self._records is not None:
+            yield from _records(self._records)
         yield _counter(
             "bls_stage_calls",
             "Stage calls made by scripts, by stage",
@@ -230,6 +238,24 @@ def _histograms(
         buckets, total = hist.family_samples()
         family.add_metric([value], buckets, total)
     return family
+
+
+def _records(records: Any) -> Iterator[Any]:
+    """The requests' records (``bls serve --record``) by what became of them."""
+    outcomes = ("written", "dropped", "failed", "lost")
+    yield _counter(
+        "bls_records",
+        "Requests' records (--record): written; dropped, the writer not keeping up; failed, "
+        "the disk refusing them or a value no encoder takes; lost with a writer that died",
+        ["outcome"],
+        {(outcome,): getattr(records, outcome) for outcome in outcomes},
+    )
+    yield _counter(
+        "bls_records_incomplete",
+        "Records written that left out a value (Record.unrecorded): not replayed",
+        [],
+        {(): records.incomplete},
+    )
 
 
 def _caches(bindings: Mapping[str, Binding]) -> Iterator[Any]:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 import bls
-from bls.recording import load
+from bls.recording import decode_value, load
 from bls.replay import read
 from bls.segments import records_in
 
@@ -300,17 +300,27 @@ def test_records_the_disk_cannot_hold_are_never_left_truncated(tmp_path: Path) -
     try:
         with httpx.Client(base_url=proc.address, timeout=30) as http:
             small = http.post("/v1/scripts/greet", json={"text": "x"})
-            large = http.post("/v1/scripts/greet", json={"text": "y" * 5000})
-        assert (small.status_code, large.status_code) == (200, 200)
-        wait_for(lambda: "cannot write" in proc.log(), timeout=15)
+            large = [http.post("/v1/scripts/greet", json={"text": "y" * 5000}) for _ in range(20)]
+            last = http.post("/v1/scripts/greet", json={"text": "z"})
+        assert {a.status_code for a in (small, *large, last)} == {200}
+        wait_for(lambda: "written again" in proc.log(), timeout=15)
+        # /metrics counts them as the writer reports them.
+        counted = ('bls_records_total{outcome="written"} 2.0', 'failed"} 20.0', 'lost"} 0.0')
+        wait_for(lambda: all(c in httpx.get(f"{proc.address}/metrics").text for c in counted))
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0, proc.log()
     finally:
         stop(proc.popen)
     kept = [load(data) for seg in records.glob("*.blsseg") for _, data in records_in(seg)]
-    assert len(kept) == 1 and kept[0].items  # the small one, whole; the large one cut off
-    assert "File too large" in proc.log()
-    assert f"recorded 1 request(s) in {records} (1 failed to write)" in proc.log()
+    # The small ones, whole; the large ones cut off.
+    assert [[decode_value(item) for item in r.items] for r in kept] == [
+        [small.json()],
+        [last.json()],
+    ]
+    # A run of records that cannot be written is logged once, and its end, not each.
+    assert proc.log().count("cannot write") == 1 and "File too large" in proc.log()
+    assert "records are written again; 20 record(s) were not" in proc.log()
+    assert f"recorded 2 request(s) in {records} (20 failed to write)" in proc.log()
 
 
 def test_a_record_folder_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
