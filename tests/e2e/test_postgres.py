@@ -186,6 +186,13 @@ def test_a_store_that_goes_away_is_a_503_and_the_server_serves_on(
         assert gone.status_code == 503, gone.text
         assert gone.json()["error"]["type"] == "store_unavailable"
         assert "the runs store postgresql://" in gone.json()["error"]["message"]
+        refused = httpx.post(
+            f"{server.address}/v1/scripts/steps",
+            json={"n": 3, "steps": 1},
+            headers={"prefer": "respond-async"},
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["type"] == "store_unavailable"
         # Synchronous requests do not need the store: served as before, from a new client.
         with httpx.Client() as fresh:
             answer = fresh.post(f"{server.address}/v1/scripts/steps", json={"n": 2, "steps": 1})
