@@ -19,6 +19,7 @@ import msgspec
 
 from .bindings import Binding
 from .cache import CachedBinding, CacheOptions
+from .journal import MAX_VALUE_BYTES
 from .messages import unknown_field_hint
 from .paths import missing
 from .policy import policy_from
@@ -111,7 +112,10 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     queued or running one counts, and is never forgotten); ``max_result_bytes``: a streaming
     run's items kept as its result (past it, its result is null: they are in its
     events), and a unary run's result (past it, the run fails: ``result_too_large``; at
-    most 512 MiB, for a store holds a value of 1 GB at most); ``max_event_streams``:
+    most 512 MiB, for a store holds a value of 1 GB at most); ``max_value_bytes``: a
+    stage call a run journals (its request and its result or items: past it, the call
+    fails, ``too_large``), and an item of a streaming run (past it, the run fails:
+    ``item_too_large``), at most 512 MiB; ``max_event_streams``:
     ``/events`` streams open at once (more get 503);
     ``max_file_bytes``: a file of the Files API (``POST /v1/files``, a batch's output), at
     most; ``batch_concurrency``: a batch's lines running at once; ``batch_window_s``: how
@@ -124,7 +128,8 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     max_running: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 256
     max_queued: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 10_000
-    max_result_bytes: Annotated[int, msgspec.Meta(ge=0, le=512 * 1024 * 1024)] = 64 * 1024 * 1024
+    max_result_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_VALUE_BYTES)] = 64 * 1024 * 1024
+    max_value_bytes: Annotated[int, msgspec.Meta(ge=1, le=MAX_VALUE_BYTES)] = MAX_VALUE_BYTES
     max_event_streams: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 1024
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
     batch_concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 16

@@ -27,6 +27,7 @@ from .recording import RecordedCall
 
 __all__ = [
     "EVERY",
+    "MAX_VALUE_BYTES",
     "SCHEMA",
     "STATUSES",
     "TERMINAL",
@@ -40,6 +41,9 @@ __all__ = [
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 EVERY = 2**62  # LIMIT with no limit, in SQL both stores read
+# A value the journal keeps (a run's result, a call, an event), at most: half of what a
+# store holds in one (SQLite 10**9 bytes, PostgreSQL 1 GiB), for what encloses it.
+MAX_VALUE_BYTES = 512 * 1024 * 1024
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")

@@ -29,8 +29,8 @@ from typing import Any
 
 from .bindings import Binding
 from .errors import ErrorKind, StageError
-from .journal import Journal
-from .recording import RecordedCall, Recorder, encode_value
+from .journal import MAX_VALUE_BYTES, Journal
+from .recording import RecordedCall, RecordedError, Recorder, encode_value
 from .replay import Divergence, difference, recorded_failure, recorded_value
 from .typenames import TypeRef
 
@@ -125,20 +125,30 @@ class JournalRecorder(Recorder):
     starts and as it ends (numbered from ``resume``'s next when the run is recovered).
     After :meth:`stop` (the frontend is stopping, and cancels its runs to hand them over)
     the calls that end are left in flight in the journal: cancelled by the stop, not by
-    the script."""
+    the script. A call whose request and result (or items) come to more than ``most``
+    bytes fails with ``too_large``, naming its stage, before the store is asked to hold
+    it (a store holds a value of 1 GB at most; :data:`bls.journal.MAX_VALUE_BYTES`): it
+    is journaled so, and a recovery fails it the same way."""
 
-    __slots__ = ("_journal", "_next", "_seqs", "run_id", "stopping")
+    __slots__ = ("_journal", "_next", "_seqs", "_sizes", "most", "run_id", "stopping")
 
     def __init__(
-        self, journal: Journal, run_id: str, script: str | Path, resume: Resume | None = None
+        self,
+        journal: Journal,
+        run_id: str,
+        script: str | Path,
+        resume: Resume | None = None,
+        most: int = MAX_VALUE_BYTES,
     ) -> None:
         super().__init__(script)
         self._room = math.inf  # (the journal holds each call as it goes: all of them)
         self._journal = journal
         self.run_id = run_id
         self.resume = resume
+        self.most = most
         self._next = resume.next_seq if resume is not None else 0
         self._seqs: dict[int, int] = {}  # id(call): its number in the journal
+        self._sizes: dict[int, int] = {}  # id(call): its values' bytes so far
         self.stopping = False
 
     durable = True
@@ -155,15 +165,54 @@ class JournalRecorder(Recorder):
         if seq is None:
             seq, self._next = self._next, self._next + 1
         self._seqs[id(call)] = seq
+        self._sizes[id(call)] = len(call.request)
         return call
+
+    def item(self, call: RecordedCall, value: Any) -> None:
+        """A stream's item; past ``most``, not kept: the call fails (the stream is closed)."""
+        super().item(call, value)
+        size = self._sizes[id(call)] + len(call.items[-1])
+        if size > self.most:
+            call.items.pop()
+            raise self._too_large(call, size)
+        self._sizes[id(call)] = size
+
+    def result(self, call: RecordedCall, value: Any) -> None:
+        super().result(call, value)
+        self._sizes[id(call)] += len(call.items[-1])
 
     async def saved(self, call: RecordedCall, done: bool) -> None:
         """The call into the journal, as it starts and as it ends (not after :meth:`stop`:
-        a call the stop cancelled stays in flight there)."""
-        seq = self._seqs.pop(id(call)) if done else self._seqs[id(call)]
+        a call the stop cancelled stays in flight there). A call past ``most`` is saved
+        as ended, failed (its result left out), and its error raised: at its start, it is
+        not made."""
+        key = id(call)
+        size = self._sizes[key]
+        too_large = self._too_large(call, size) if size > self.most else None
+        if too_large is not None:
+            call.items.clear()
+            call.end = call.end or call.start
+            call.error = RecordedError(
+                stage=call.stage, kind=too_large.kind, message=too_large.message
+            )
+            done = True
+        seq = self._seqs.pop(key) if done else self._seqs[key]
+        if done:
+            del self._sizes[key]
         if not (done and self.stopping):
             journal = self._journal
             await journal.do(journal.call, self.run_id, seq, call, done)
+        if too_large is not None:
+            raise too_large
+
+    def _too_large(self, call: RecordedCall, size: int) -> StageError:
+        what = "items" if call.streaming else "result"
+        return StageError(
+            call.stage,
+            ErrorKind.TOO_LARGE,
+            f"the call's request and {what} come to {size} bytes, over the {self.most} a "
+            "background run's journal keeps of one call ([runs] max_value_bytes)",
+        )
 
     def stop(self) -> None:
         self.stopping = True

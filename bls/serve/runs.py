@@ -274,7 +274,8 @@ class Runs:
         resume = None  # (a run never started has no calls and no events yet to read)
         if row.started is not None:
             resume = Resume(await journal.do(journal.calls, row.id), importable_from(entry))
-        recorder = JournalRecorder(self.journal, row.id, self.script, resume)
+        most = self.config.max_value_bytes
+        recorder = JournalRecorder(self.journal, row.id, self.script, resume, most)
         scope = RequestScope(row.id, priority=row.priority, record=recorder)
         if resume is not None:
             resume.on_diverge = lambda: scope.cancel(Reason.CANCELLED)
@@ -397,6 +398,12 @@ class Runs:
             nonlocal items, size, n
             data = _encode(item)
             n += 1
+            if len(data) > self.config.max_value_bytes:
+                why = (
+                    f"item {n} is {len(data)} bytes, over the {self.config.max_value_bytes} "
+                    "a run's journal keeps of one ([runs] max_value_bytes)"
+                )
+                raise HttpError(500, "item_too_large", why, entry=entry.name)
             if items is not None:
                 size += len(data) + 1
                 if size <= self.config.max_result_bytes:
