@@ -139,6 +139,17 @@ class Journal:
     runs one where the store needs it to run (see there)."""
 
     _lock_rows = ""  # what makes claim()'s read lock the rows it will write, in this store
+    # The store's clock less this process's (epoch seconds, :meth:`sync_clock`).
+    offset = 0.0
+
+    def now(self) -> float:
+        """The store's clock: leases, deadlines and a run's times are on it, so frontends
+        on hosts whose clocks differ agree on them (one whose clock is ahead would take
+        over runs that are alive)."""
+        return time.time() + self.offset
+
+    def sync_clock(self) -> None:
+        """Read the store's clock again (:attr:`offset`); one file: this host's."""
 
     async def do(self, method: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """``method(*args, **kwargs)``, one of this store's methods, from the event loop:
@@ -228,7 +239,7 @@ class Journal:
             self._execute(
                 "UPDATE runs SET status = 'running', started = coalesce(started, ?), "
                 "owner = ?, lease = ? WHERE id = ? AND status IN ('queued', 'running')",
-                (time.time(), owner, lease, run_id),
+                (self.now(), owner, lease, run_id),
             )
             if event is not None:
                 self.event(run_id, *event)
@@ -249,7 +260,7 @@ class Journal:
             done = self._execute(
                 "UPDATE runs SET status = ?, result = ?, error = ?, ended = ?, lease = 0 "
                 "WHERE id = ? AND status NOT IN ('succeeded', 'failed', 'cancelled')",
-                (status, result, error, time.time(), run_id),
+                (status, result, error, self.now(), run_id),
             )
             ended = bool(done.rowcount == 1)
             if ended and event is not None:
@@ -270,7 +281,7 @@ class Journal:
         """Up to ``limit`` unfinished runs of ``script`` whose owner's lease ran out (or
         that were never started), now ``owner``'s until ``lease``; queued ones by priority,
         then oldest first. Two frontends claiming at once never both get a run."""
-        now = time.time()
+        now = self.now()
         with self._transaction():
             rows = self._execute(
                 f"SELECT {_ALL} FROM runs WHERE script = ? "
@@ -323,7 +334,7 @@ class Journal:
         call (a call holds the store, and on SQLite the event loop, while it works: call
         again while it returns ``limit``); how many runs went."""
         gone: set[str] = set()
-        cutoff = None if older_than is None else time.time() - older_than
+        cutoff = None if older_than is None else self.now() - older_than
         if cutoff is not None:
             rows = self._execute(
                 "SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "

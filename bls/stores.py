@@ -13,7 +13,9 @@ and how ``bls serve --runs URL`` (``[runs] store``) names one.
   server's disk before the run goes on, so it survives the server's crash too); a lock
   is waited for at most :data:`BUSY_MS`, a statement at most :data:`STATEMENT_MS`, a dead
   server or network is noticed by TCP keepalives. A connection that broke is opened
-  again at the next call.
+  again at the next call. Leases, deadlines and a run's times are on the server's clock
+  (:meth:`PostgresJournal.sync_clock`), not each frontend's: frontends on hosts whose
+  clocks differ agree on when a lease ran out.
 
 The event loop calls a store through :meth:`bls.journal.Journal.do`: SQLite's calls run
 in place (a write is a few tens of microseconds on a local disk); PostgreSQL's wait on
@@ -24,9 +26,11 @@ meanwhile (``bench/background_runs.py`` measures what either costs a run).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +43,8 @@ import msgspec
 
 from .file_bytes import FileBytes
 from .journal import EVERY, SCHEMA, FileRow, Journal, JournalError
+
+log = logging.getLogger("bls.runs")
 
 __all__ = [
     "BUSY_MS",
@@ -235,6 +241,24 @@ class PostgresJournal(Journal):
             self._execute("SELECT pg_advisory_xact_lock(?)", (0x626C7372756E73,))
             for statement in filter(str.strip, schema.split(";")):
                 self._execute(statement)
+        self.sync_clock()
+
+    def sync_clock(self) -> None:
+        """The server's clock against this host's (:attr:`offset`), read halfway through
+        a round trip; a warning when they are a second or more apart."""
+        before = time.time()
+        server = self._execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0]
+        after = time.time()
+        offset = float(server) - (before + after) / 2
+        if abs(offset) >= 1 and abs(offset - self.offset) >= 1:
+            log.warning(
+                "background runs: this host's clock is %.1f s %s the runs store's (%s); "
+                "runs' leases, deadlines and times are on the store's",
+                abs(offset),
+                "behind" if offset > 0 else "ahead of",
+                _shown(self._url),
+            )
+        self.offset = offset
 
     async def do(self, method: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         if self._limiter is None:

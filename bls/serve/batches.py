@@ -24,7 +24,6 @@ writes an expired request, ``"response": null`` and ``"error": {"code":
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -373,7 +372,7 @@ class Batches:
                 purpose="batch_output",
                 filename=f"{run_id}_{name}.jsonl",
                 size=len(data),
-                created=time.time(),
+                created=journal.now(),
                 data=data,
             )
             await journal.save_file(file)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
-import time
 import uuid
 
 import anyio
@@ -66,7 +65,7 @@ class Files:
                     purpose=purpose,
                     filename=filename,
                     size=len(data),
-                    created=time.time(),
+                    created=journal.now(),
                     data=data,
                 )
                 await journal.save_file(file)

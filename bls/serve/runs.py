@@ -14,9 +14,11 @@ the others wait in the store as ``queued``, taken by priority, then age.
 :class:`Runs` keeps the leases of the runs it owns (:meth:`Runs.keep`, every
 ``lease_s / 5``): it renews them, carries out a cancel another frontend was asked for,
 and takes over runs whose owner's lease ran out (a frontend that died) or that wait in
-the store, while it has room. A taken-over run is recovered (:mod:`bls.resume`). On a
-drain, runs get the grace period to finish; the rest are stopped, their leases
-released, and the next frontend goes on with them.
+the store, while it has room; leases and deadlines are on the store's clock
+(:meth:`bls.journal.Journal.now`, read again every :data:`_CLOCK_EVERY_S`). A
+taken-over run is recovered (:mod:`bls.resume`). On a drain, runs get the grace period
+to finish; the rest are stopped, their leases released, and the next frontend goes on
+with them.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ _CANCEL_WAIT_S = 5.0  # how long DELETE waits for a run of its own to end
 _PRUNE_SLICE = 1000  # runs forgotten at a time (about 10 ms of SQLite on a local disk)
 _PRUNE_PAUSE_S = 0.1  # between slices while more are due
 _PRUNE_EVERY_S = 60.0  # how often old runs are looked for
+_CLOCK_EVERY_S = 60.0  # how often the store's clock is read again (Journal.sync_clock)
 _RUNNING = b'{"status":"running"}'  # a run's first event
 
 
@@ -98,6 +101,7 @@ class Runs:
         self._drain = Drain(self.live)
         self._tg: anyio.abc.TaskGroup | None = None
         self._room = anyio.Event()  # set when a run ends (the keeper may take another)
+        self._clock_read = time.monotonic()  # when the store's clock was read last
 
     # -- life ---------------------------------------------------------------------------
 
@@ -114,6 +118,9 @@ class Runs:
             task_status.started()
             while True:
                 try:
+                    if time.monotonic() - self._clock_read >= _CLOCK_EVERY_S:
+                        await self.journal.do(self.journal.sync_clock)
+                        self._clock_read = time.monotonic()
                     if not self._drain.draining:
                         await self._renew()
                         await self._take_over()
@@ -148,7 +155,7 @@ class Runs:
             await anyio.sleep(_PRUNE_PAUSE_S if gone == _PRUNE_SLICE else _PRUNE_EVERY_S)
 
     def _lease(self) -> float:
-        return time.time() + self.config.lease_s
+        return self.journal.now() + self.config.lease_s
 
     async def _renew(self) -> None:
         journal = self.journal
@@ -208,7 +215,7 @@ class Runs:
         return await self._submit(kind, request, 0, timeout)
 
     async def _submit(self, name: str, body: bytes, priority: int, timeout: float | None) -> RunRow:
-        now = time.time()
+        now = self.journal.now()
         timeout = timeout if timeout is not None else self.config.timeout_s
         start_here = not self._drain.draining and self._running < self.config.max_running
         row = RunRow(
@@ -288,9 +295,9 @@ class Runs:
     ) -> AsyncIterator[Live]:
         """The run as it runs here, an entry's or a job's: its deadline set, its start
         and first event written, then (on the way out) its room given back."""
-        if row.deadline is not None:
-            scope.expire_at(row.deadline)
         journal = self.journal
+        if row.deadline is not None:
+            scope.expire_at(row.deadline - journal.offset)  # (on this host's clock)
         events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
         live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1)
         try:
@@ -457,7 +464,7 @@ class Runs:
             with anyio.move_on_after(_CANCEL_WAIT_S):
                 while row.id in self.live:
                     await live.changed.wait()
-        elif row.lease < time.time() or row.status == "queued":
+        elif row.lease < self.journal.now() or row.status == "queued":
             await self._finish(row.id, "cancelled", error=_cancelled(row.entry))
         else:
             await self.journal.do(self.journal.ask_cancel, row.id)

@@ -6,6 +6,8 @@ that, run here too), one of them killed with SIGKILL mid-run."""
 from __future__ import annotations
 
 import collections
+import glob
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,7 @@ from bls.journal import Journal, JournalError
 from bls.stores import PostgresJournal, open_journal
 
 from .postgres import PostgresServer, require_postgres
-from .procs import Proc, drain, wait_for
+from .procs import Proc, drain, start, wait_for
 from .test_runs import (  # noqa: F401
     calls,
     config,
@@ -199,3 +201,54 @@ def test_a_store_that_goes_away_is_a_503_and_the_server_serves_on(
         assert answer.status_code == 200 and answer.json() == {"n": 2, "out": ["2:0"]}
     finally:
         drain([server])
+
+
+# libfaketime (Debian's faketime), which sets a process's clock ahead; CI installs it and
+# sets BLS_REQUIRE_FAKETIME=1, and there its absence fails.
+FAKETIME = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), None)
+
+
+def test_a_frontend_whose_clock_is_ahead_takes_no_live_run_over(
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,  # noqa: F811
+    calls: Path,  # noqa: F811
+) -> None:
+    """Two frontends on one PostgreSQL store, the second's clock a minute ahead (hosts
+    whose clocks drifted: libfaketime), leases of 1 s. Leases are counted on the store's
+    clock, so the second never takes over a run the first is running: each runs once,
+    each call is made once, and the second frontend still takes over the first's runs
+    once it is killed."""
+    from .cli import bls_env
+
+    if FAKETIME is None:
+        if os.environ.get("BLS_REQUIRE_FAKETIME"):
+            raise RuntimeError("BLS_REQUIRE_FAKETIME is set but libfaketime is missing")
+        pytest.skip("libfaketime is not installed (Debian: apt install faketime)")
+    first = serve(worker, store, config)
+    args = ["serve", "tests/e2e/runs/pipeline.py", "--port", "0", "--runs", store]
+    ahead = bls_env(LD_PRELOAD=FAKETIME, FAKETIME="+60s", FAKETIME_DONT_RESET="1")
+    second = start([*args, "--config", str(config), "--bind", f"slow={worker.address}"], env=ahead)
+    try:
+        runs = {n: submit(first, "steps", {"n": n, "steps": 3})["id"] for n in range(4)}
+        for n, run_id in runs.items():
+            done = ended(first, run_id)
+            assert done["status"] == "succeeded", done
+            assert done["result"] == {"n": n, "out": [f"{n}:{s}" for s in range(3)]}
+        assert "recovering" not in second.log()
+        started = collections.Counter(line for line in lines(calls) if line.startswith("start"))
+        assert set(started.values()) == {1} and len(started) == 12
+        assert "this host's clock is 60.0 s ahead of the runs store's" in second.log()
+        # The first killed mid-run: the second takes the run over once its lease ran out,
+        # and its deadline (30 s from its creation, on the store's clock) has not passed.
+        body = {"n": 7, "steps": 2, "extra": {"sleep": 1.0}}
+        run = submit(first, "steps", body, **{"x-request-timeout": "30"})
+        wait_for(lambda: "start 7 0" in lines(calls), timeout=10)
+        first.signal(signal.SIGKILL)
+        first.wait()
+        done = ended(second, run["id"])
+        assert done["status"] == "succeeded", done
+        assert done["result"] == {"n": 7, "out": ["7:0", "7:1"]}
+        assert f"run {run['id']}: recovering" in second.log()
+    finally:
+        drain([first, second])
