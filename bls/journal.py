@@ -11,7 +11,9 @@ Each run has an owner (the frontend running it) and a lease that the owner renew
 (:meth:`Journal.renew`); a run whose lease ran out belongs to whoever claims it next
 (:meth:`Journal.claim`): that is how a frontend that died has its runs taken over.
 Calls are stored as :class:`bls.recording.RecordedCall` (msgpack), numbered in the
-order they started; a call without an end was in flight when its frontend stopped.
+order they started; a call without an end was in flight when its frontend stopped. The
+files of the Files API (a batch's input and output) are kept beside the runs
+(:mod:`bls.journal_files`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import msgspec
 
+from .journal_files import FileStore
 from .recording import RecordedCall
 
 __all__ = [
@@ -31,7 +34,6 @@ __all__ = [
     "SCHEMA",
     "STATUSES",
     "TERMINAL",
-    "FileRow",
     "Journal",
     "JournalError",
     "Listed",
@@ -80,18 +82,6 @@ class RunRow(msgspec.Struct, kw_only=True):
     cancel: bool = False  # a cancel was asked (DELETE), for its owner to carry out
 
 
-class FileRow(msgspec.Struct, kw_only=True):
-    """A file a client uploaded (``POST /v1/files``) or a batch wrote, as the journal
-    holds it; ``data`` is None when read without it."""
-
-    id: str
-    purpose: str
-    filename: str
-    size: int
-    created: float
-    data: bytes | None = None
-
-
 # The schema, in each store's words for bytes and floats ({blob}, {real}, {compact}).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -130,7 +120,7 @@ _ALL, _BUT_REQUEST, _BUT_RESULT = _but(), _but("request"), _but("result")
 _BUT_PAYLOADS = _but("request", "result")
 
 
-class Journal:
+class Journal(FileStore):
     """The runs store (see the module's docstring): the SQL both stores read, written with
     ``?`` for each parameter. Every method commits before it returns;
     :class:`JournalError` when the store cannot be written or read.
@@ -422,64 +412,6 @@ class Journal:
     def last_event(self, run_id: str) -> int:
         row = self._execute("SELECT max(seq) FROM events WHERE run = ?", (run_id,)).fetchone()
         return int(row[0] or 0)
-
-    # -- files (the OpenAI Files API's, for batches) ---------------------------------------
-
-    def put_file(self, file: FileRow) -> None:
-        assert file.data is not None
-        self._execute(
-            "INSERT INTO files (id, purpose, filename, size, created, data) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (file.id, file.purpose, file.filename, file.size, file.created, file.data),
-        )
-
-    def file(self, file_id: str, *, data: bool = False) -> FileRow | None:
-        """The file ``file_id`` (its bytes too when ``data``); None: no such file."""
-        what = _FILE_COLUMNS + (", data" if data else "")
-        found = self._execute(f"SELECT {what} FROM files WHERE id = ?", (file_id,)).fetchone()
-        return None if found is None else _file_row(found)
-
-    def files(self, *, purpose: str | None = None, limit: int = 100) -> list[FileRow]:
-        """Files newest first, ``limit`` at most, of ``purpose`` only when given."""
-        sql = f"SELECT {_FILE_COLUMNS} FROM files"
-        args: list[Any] = []
-        if purpose is not None:
-            sql += " WHERE purpose = ?"
-            args.append(purpose)
-        rows = self._execute(f"{sql} ORDER BY created DESC, id DESC LIMIT ?", (*args, limit))
-        return [_file_row(r) for r in rows.fetchall()]
-
-    def delete_file(self, file_id: str) -> bool:
-        return bool(self._execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 1)
-
-    # A file's bytes, from the event loop: kept in the store with its row here (read and
-    # written in the store's calls, :meth:`do`); a store may keep them elsewhere (SQLite:
-    # beside its database, so that a large file holds neither the loop nor the lock).
-
-    async def save_file(self, file: FileRow) -> None:
-        """:meth:`put_file`, from the event loop."""
-        await self.do(self.put_file, file)
-
-    async def load_file(self, file_id: str) -> FileRow | None:
-        """:meth:`file` with its bytes, from the event loop."""
-        return await self.do(self.file, file_id, data=True)
-
-    async def drop_file(self, file_id: str) -> bool:
-        """:meth:`delete_file`, from the event loop."""
-        return await self.do(self.delete_file, file_id)
-
-
-_FILE_COLUMNS = "id, purpose, filename, size, created"  # a FileRow's, but its data
-
-
-def _file_row(values: Sequence[Any]) -> FileRow:
-    """A FileRow from its columns (:data:`_FILE_COLUMNS`, then its data when read)."""
-    row = FileRow(
-        id=values[0], purpose=values[1], filename=values[2], size=values[3], created=values[4]
-    )
-    if len(values) > 5:
-        row.data = bytes(values[5])
-    return row
 
 
 def _row(values: Sequence[object]) -> RunRow:

@@ -42,7 +42,8 @@ import anyio.to_thread
 import msgspec
 
 from .file_bytes import FileBytes
-from .journal import EVERY, SCHEMA, FileRow, Journal, JournalError
+from .journal import EVERY, SCHEMA, Journal, JournalError
+from .journal_files import FileRow
 
 log = logging.getLogger("bls.runs")
 

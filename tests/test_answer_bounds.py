@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from bls.config import RunsConfig
-from bls.journal import FileRow, RunRow
+from bls.journal import RunRow
+from bls.journal_files import FileRow
 from bls.runtime import Runtime
 from bls.serve import framing
 from bls.serve.files import Files

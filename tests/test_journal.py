@@ -13,7 +13,8 @@ import anyio
 import pytest
 
 from bls.file_bytes import FileBytes
-from bls.journal import FileRow, Journal, JournalError, RunRow
+from bls.journal import Journal, JournalError, RunRow
+from bls.journal_files import FileRow
 from bls.recording import RecordedCall
 from bls.stores import SqliteJournal, anchored, default_path, open_journal
 

@@ -35,7 +35,8 @@ import msgspec
 
 from ..entry import Script
 from ..errors import InvalidRequest
-from ..journal import TERMINAL, FileRow, RunRow
+from ..journal import TERMINAL, RunRow
+from ..journal_files import FileRow
 from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .chat_answers import completion_body

@@ -20,7 +20,8 @@ import anyio.to_thread
 import msgspec
 
 from ..config import RunsConfig
-from ..journal import FileRow, Journal
+from ..journal import Journal
+from ..journal_files import FileRow
 from .framing import HttpError, Receive, Scope, Send, holding, respond, send_error
 from .intake import Disconnected, header, query_of, request_id_of, route_body
 from .routing import Route
