@@ -37,6 +37,7 @@ __all__ = [
     "Journal",
     "JournalError",
     "Listed",
+    "RunLost",
     "RunRow",
 ]
 
@@ -58,6 +59,11 @@ _call_decoder = msgspec.msgpack.Decoder(RecordedCall)
 
 class JournalError(ValueError):
     """A store that cannot be opened or used, saying which and why."""
+
+
+class RunLost(JournalError):
+    """A write for a run that is no longer the writer's: another frontend took it over
+    (its lease ran out, as it does while a frontend cannot reach the store)."""
 
 
 class RunRow(msgspec.Struct, kw_only=True):
@@ -358,12 +364,16 @@ class Journal(FileStore):
 
     # -- calls ----------------------------------------------------------------------------
 
-    def call(self, run_id: str, seq: int, call: RecordedCall, done: bool) -> None:
-        """Call ``seq`` of the run: as it starts (``done`` False), then as it ended."""
-        self._execute(
-            "INSERT INTO calls (run, seq, call, done) VALUES (?, ?, ?, ?) ON CONFLICT "
+    def call(
+        self, run_id: str, seq: int, call: RecordedCall, done: bool, owner: str | None = None
+    ) -> None:
+        """Call ``seq`` of the run: as it starts (``done`` False), then as it ended; with
+        ``owner``, only while the run is its (else :class:`RunLost`)."""
+        self._fenced(
+            "INSERT INTO calls (run, seq, call, done) SELECT ?, ?, ?, ?{} ON CONFLICT "
             "(run, seq) DO UPDATE SET call = excluded.call, done = excluded.done",
             (run_id, seq, _call_encoder.encode(call), int(done)),
+            owner,
         )
 
     def calls(self, run_id: str) -> list[tuple[int, RecordedCall, bool]]:
@@ -375,11 +385,26 @@ class Journal(FileStore):
 
     # -- events (a run's items and status changes, for GET /v1/runs/ID/events) -------------
 
-    def event(self, run_id: str, seq: int, kind: str, data: bytes) -> None:
-        self._execute(
-            "INSERT INTO events (run, seq, kind, data) VALUES (?, ?, ?, ?)",
+    def event(
+        self, run_id: str, seq: int, kind: str, data: bytes, owner: str | None = None
+    ) -> None:
+        """Event ``seq`` of the run; with ``owner``, only while the run is its."""
+        self._fenced(
+            "INSERT INTO events (run, seq, kind, data) SELECT ?, ?, ?, ?{}",
             (run_id, seq, kind, data),
+            owner,
         )
+
+    def _fenced(self, sql: str, args: tuple[Any, ...], owner: str | None) -> None:
+        """``sql`` writing run ``args[0]``'s row, its ``{}`` the condition that the run is
+        ``owner``'s (none without one): a frontend that lost a run to another (whatever
+        it had in flight, or late on the network) writes nothing of it."""
+        if owner is None:
+            self._execute(sql.format(" WHERE true"), args)
+        else:
+            fence = " WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND owner = ?)"
+            if self._execute(sql.format(fence), (*args, args[0], owner)).rowcount != 1:
+                raise RunLost(f"run {args[0]} is another frontend's now")
 
     def events(self, run_id: str, after: int = 0, limit: int = 256) -> list[tuple[int, str, bytes]]:
         """The run's events after ``after``, oldest first, ``limit`` at most."""

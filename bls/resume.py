@@ -29,7 +29,7 @@ from typing import Any
 
 from .bindings import Binding
 from .errors import ErrorKind, StageError
-from .journal import MAX_VALUE_BYTES, Journal
+from .journal import MAX_VALUE_BYTES, Journal, RunLost
 from .recording import RecordedCall, RecordedError, Recorder, encode_value
 from .replay import Divergence, difference, recorded_failure, recorded_value
 from .typenames import TypeRef
@@ -128,9 +128,21 @@ class JournalRecorder(Recorder):
     the script. A call whose request and result (or items) come to more than ``most``
     bytes fails with ``too_large``, naming its stage, before the store is asked to hold
     it (a store holds a value of 1 GB at most; :data:`bls.journal.MAX_VALUE_BYTES`): it
-    is journaled so, and a recovery fails it the same way."""
+    is journaled so, and a recovery fails it the same way. Its calls are journaled only
+    while the run is ``owner``'s; once another frontend took it over, a call's save
+    raises :class:`bls.journal.RunLost`, after :attr:`on_lost` (which stops the run here)."""
 
-    __slots__ = ("_journal", "_next", "_seqs", "_sizes", "most", "run_id", "stopping")
+    __slots__ = (
+        "_journal",
+        "_next",
+        "_seqs",
+        "_sizes",
+        "most",
+        "on_lost",
+        "owner",
+        "run_id",
+        "stopping",
+    )
 
     def __init__(
         self,
@@ -146,6 +158,10 @@ class JournalRecorder(Recorder):
         self.run_id = run_id
         self.resume = resume
         self.most = most
+        # Whose run it is, and what stops it here once it is not (bls.serve.run_events.Live
+        # sets both; None: unfenced, as a test journals).
+        self.owner: str | None = None
+        self.on_lost: Callable[[], None] = lambda: None
         self._next = resume.next_seq if resume is not None else 0
         self._seqs: dict[int, int] = {}  # id(call): its number in the journal
         self._sizes: dict[int, int] = {}  # id(call): its values' bytes so far
@@ -201,7 +217,11 @@ class JournalRecorder(Recorder):
             del self._sizes[key]
         if not (done and self.stopping):
             journal = self._journal
-            await journal.do(journal.call, self.run_id, seq, call, done)
+            try:
+                await journal.do(journal.call, self.run_id, seq, call, done, self.owner)
+            except RunLost:
+                self.on_lost()
+                raise
         if too_large is not None:
             raise too_large
 

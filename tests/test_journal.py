@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from bls.file_bytes import FileBytes
-from bls.journal import Journal, JournalError, RunRow
+from bls.journal import Journal, JournalError, RunLost, RunRow
 from bls.journal_files import FileRow
 from bls.recording import RecordedCall
 from bls.stores import SqliteJournal, anchored, default_path, open_journal
@@ -96,6 +97,31 @@ def test_a_run_is_taken_over_only_once_its_owners_lease_ran_out(open_store: Open
     assert one.renew("a", ["urgent"], now + 20) == ["urgent"]  # not a's
     one.release("a", ["held"])
     assert [r.id for r in two.claim("/s.py", "b", now + 10, limit=10)] == ["held"]
+
+
+def test_a_run_taken_over_takes_no_write_from_its_old_owner(open_store: OpenStore) -> None:
+    # Frontend a ran "r"; it stalled (a pause, a network cut) past its lease and b took
+    # the run over. What a writes of it then, late, is refused, and b's writes stand.
+    one, two = open_store(), open_store()
+    now = time.time()
+    one.create(row("r", created=now, status="running", lease=now - 1))  # (owner a)
+    call = RecordedCall(stage="s", streaming=False, request=b"\x01", start=0.0, result_type=None)
+    one.call("r", 0, call, done=False, owner="a")
+    one.event("r", 1, "status", b"{}", owner="a")
+    assert [r.id for r in two.claim("/s.py", "b", now + 10, limit=1)] == ["r"]
+    ended = RecordedCall(**{**msgspec.structs.asdict(call), "items": [b"\x02"], "end": 1.0})
+    with pytest.raises(RunLost, match="run r is another frontend's now"):
+        one.call("r", 0, ended, done=True, owner="a")
+    with pytest.raises(RunLost):
+        one.call("r", 1, call, done=False, owner="a")
+    with pytest.raises(RunLost):
+        one.event("r", 2, "item", b"1", owner="a")
+    assert [(seq, c.items, done) for seq, c, done in two.calls("r")] == [(0, [], False)]
+    assert [seq for seq, _, _ in two.events("r")] == [1]
+    two.call("r", 0, ended, done=True, owner="b")
+    two.event("r", 2, "item", b"1", owner="b")
+    assert [(seq, done) for seq, _, done in one.calls("r")] == [(0, True)]
+    assert [seq for seq, _, _ in one.events("r")] == [1, 2]
 
 
 def test_an_outcome_is_written_once(open_store: OpenStore) -> None:

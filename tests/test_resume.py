@@ -6,6 +6,7 @@ an untyped script and a typed one alike."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,13 @@ import msgspec
 import pytest
 
 from bls.errors import ErrorKind, StageError
+from bls.journal import RunLost, RunRow
 from bls.policy import Policy
 from bls.replay import Divergence, importable_from
 from bls.resume import JournalRecorder, Resume
-from bls.scope import RequestScope
+from bls.scope import Reason, RequestScope
 from bls.scriptfile import ScriptFile
+from bls.serve.run_events import Live
 from bls.stores import SqliteJournal as Journal
 
 pytestmark = pytest.mark.anyio
@@ -134,3 +137,37 @@ async def test_a_run_whose_call_gets_a_value_no_encoder_takes_fails_that_call(
         async with handles.runtime() as rt, RequestScope("r", record=recorder):
             await rt.run(handles.entry("untyped"), {})
     assert journal.calls("r") == []  # (refused before it was journaled or made)
+
+
+async def test_a_run_another_frontend_took_over_is_stopped_here_at_its_next_write(
+    app: ScriptFile, journal: Journal
+) -> None:
+    # Frontend "a" runs "r" and "q" and stalls past their leases; "b" takes them over.
+    now = time.time()
+    for run_id in ("r", "q"):
+        journal.create(
+            RunRow(id=run_id, script="/s.py", entry="plain", status="running", request=b"{}",
+                   created=now, owner="a", lease=now + 60)
+        )  # fmt: skip
+    lives = {}
+    for run_id in ("r", "q"):
+        recorder = JournalRecorder(journal, run_id, app.path)
+        lives[run_id] = Live(journal, run_id, RequestScope(run_id), recorder, 1, "a")
+    call = lives["r"].recorder.call("slow", False, {"n": 1})  # type: ignore[union-attr]
+    await lives["r"].recorder.saved(call, done=False)  # type: ignore[union-attr]
+    await lives["q"].write("item", b"1")
+    journal._execute("UPDATE runs SET lease = 0")
+    assert len(journal.claim("/s.py", "b", now + 60, limit=2)) == 2
+    # The call a had in flight ends: its end is not journaled, and the run stops here
+    # (its scope cancelled, no outcome to come), as a's next event does for "q".
+    recorder = lives["r"].recorder
+    assert recorder is not None
+    recorder.result(call, "done")
+    with pytest.raises(RunLost):
+        await recorder.saved(call, done=True)
+    with pytest.raises(RunLost):
+        await lives["q"].write("item", b"2")
+    for live in lives.values():
+        assert live.stopping and live.scope.cancelling is Reason.DRAIN
+    assert [(seq, done) for seq, _, done in journal.calls("r")] == [(0, False)]
+    assert [seq for seq, _, _ in journal.events("q")] == [1]

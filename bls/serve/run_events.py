@@ -6,26 +6,32 @@ from the store, a page at a time (:func:`journaled`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import anyio
 
-from ..journal import Journal
+from ..journal import Journal, RunLost
 from ..resume import JournalRecorder
 from ..scope import Reason, RequestScope
 
 __all__ = ["Live", "journaled", "nothing"]
 
+log = logging.getLogger("bls.runs")
+
 
 class Live:
-    """A run running here: its scope, its recorder (an entry's run has one; a job's
-    journals no stage call), its next event's number, and who waits for its next event
-    (:attr:`changed`, set and replaced at each)."""
+    """A run running here, ``owner``'s (this frontend's): its scope, its recorder (an
+    entry's run has one; a job's journals no stage call), its next event's number, and who
+    waits for its next event (:attr:`changed`, set and replaced at each). Its events, and
+    its recorder's calls, are written only while the run is ``owner``'s: one that finds
+    it another frontend's stops it here (:meth:`lost`)."""
 
     __slots__ = (
         "changed",
         "journal",
         "next_event",
+        "owner",
         "recorder",
         "run_id",
         "scope",
@@ -40,15 +46,20 @@ class Live:
         scope: RequestScope,
         recorder: JournalRecorder | None,
         next_event: int,
+        owner: str,
     ) -> None:
         self.journal = journal
         self.run_id = run_id
+        self.owner = owner
         self.scope = scope
         self.recorder = recorder
         self.next_event = next_event
         self.changed = anyio.Event()
         self.writing = anyio.Lock()  # (one event written at a time: see the module)
         self.stopping = False  # stopped for another frontend to go on with: no outcome
+        if recorder is not None:
+            recorder.owner = owner
+            recorder.on_lost = self.lost
 
     def stop(self, reason: Reason) -> None:
         """Stop the run here and leave it to another frontend (``reason``: why): no
@@ -57,6 +68,13 @@ class Live:
         if self.recorder is not None:
             self.recorder.stop()
         self.scope.cancel(reason)
+
+    def lost(self) -> None:
+        """The run is another frontend's now (found as this one wrote for it): stopped
+        here, nothing more written."""
+        if not self.stopping:
+            log.warning("run %s: taken over by another frontend; stopping here", self.run_id)
+            self.stop(Reason.DRAIN)
 
     async def write(
         self, kind: str, data: bytes, *, start: tuple[str, float] | None = None
@@ -67,7 +85,11 @@ class Live:
         async with self.writing:
             event = (self.next_event, kind, data)
             if start is None:
-                await journal.do(journal.event, self.run_id, *event)
+                try:
+                    await journal.do(journal.event, self.run_id, *event, self.owner)
+                except RunLost:
+                    self.lost()
+                    raise
             else:
                 await journal.do(journal.started, self.run_id, *start, event=event)
             self.next_event += 1

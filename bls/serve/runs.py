@@ -39,7 +39,7 @@ import msgspec
 from ..config import RunsConfig
 from ..entry import Script
 from ..errors import InvalidRequest
-from ..journal import TERMINAL, Journal, JournalError, RunRow
+from ..journal import TERMINAL, Journal, JournalError, RunLost, RunRow
 from ..lifecycle import Drain
 from ..replay import Divergence, importable_from
 from ..resume import JournalRecorder, Resume
@@ -164,8 +164,7 @@ class Runs:
             if live is not None:
                 row = await journal.do(journal.get, run_id)
                 if row is not None and row.owner != self.owner:
-                    log.warning("run %s: taken over by another frontend; stopping here", run_id)
-                    live.stop(Reason.DRAIN)
+                    live.lost()
                 else:
                     live.scope.cancel(Reason.CANCELLED)
 
@@ -251,6 +250,8 @@ class Runs:
     async def _run(self, row: RunRow) -> None:
         try:
             await self._run_entry(row)
+        except RunLost:
+            pass  # (another frontend's now: stopped here, as Live.lost logged)
         except JournalError:
             # The store failed (a full disk, a lock held too long): the run stays as the
             # journal has it; its lease runs out, and a frontend recovers it.
@@ -299,7 +300,7 @@ class Runs:
         if row.deadline is not None:
             scope.expire_at(row.deadline - journal.offset)  # (on this host's clock)
         events = await journal.do(journal.last_event, row.id) if row.started is not None else 0
-        live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1)
+        live = self.live[row.id] = Live(journal, row.id, scope, recorder, events + 1, self.owner)
         try:
             await live.write("status", _RUNNING, start=(self.owner, self._lease()))
             yield live

@@ -21,6 +21,7 @@ from test_journal import (  # noqa: F401
     OpenStore,
     test_a_list_or_a_size_reads_no_runs_payloads,
     test_a_run_is_taken_over_only_once_its_owners_lease_ran_out,
+    test_a_run_taken_over_takes_no_write_from_its_old_owner,
     test_a_runs_status_and_its_news_come_in_one_read,
     test_an_outcome_is_written_once,
     test_calls_and_events_come_back_in_order,
