@@ -475,3 +475,39 @@ def test_two_frontends_on_one_store_act_as_one(
         assert len(came) == 12 and max(bursts[1:]) <= 3, bursts  # (the first: caught up)
     finally:
         drain([first, second])
+
+
+def test_a_stalled_frontend_has_its_run_taken_over_and_goes_no_further_with_it(
+    worker: Proc, store: str, config: Path, calls: Path
+) -> None:
+    """A frontend stopped (SIGSTOP: a long pause) past its lease while a run's call is in
+    flight: the other frontend takes the run over, and is at the run's next call when the
+    first resumes (SIGCONT) with its own call's answer waiting. The first finds the run
+    is not its own any more (its next renewal says so, or the store refuses its write of
+    that call's end: tests/test_resume.py) and stops it there: the run ends once, as an
+    uninterrupted run ends, its next call made once, by the other; and the first serves
+    on."""
+    first = serve(worker, store, config)
+    second = serve(worker, store, config)
+    try:
+        run = submit(first, "steps", {"n": 5, "steps": 2, "extra": {"sleep": 1.0}})
+        wait_for(lambda: "start 5 0" in lines(calls), timeout=10)
+        first.signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: "start 5 1" in lines(calls), timeout=15)  # (the second's)
+        finally:
+            first.signal(signal.SIGCONT)
+        done = ended(second, run["id"])
+        assert done["status"] == "succeeded", done
+        assert done["result"] == {"n": 5, "out": ["5:0", "5:1"]}
+        wait_for(lambda: "taken over by another frontend; stopping here" in first.log())
+        made = [line for line in lines(calls) if line.startswith("start")]
+        # (Its first call, in flight when the first stalled, sent again: idempotent.)
+        assert made.count("start 5 0") == 2 and made.count("start 5 1") == 1, made
+        with httpx.Client() as fresh:  # the first serves on, a new client's run too
+            answer = fresh.post(
+                f"{first.address}/v1/scripts/steps", json={"n": 6, "steps": 1}, headers=ASYNC
+            )
+        assert ended(first, answer.json()["id"])["result"] == {"n": 6, "out": ["6:0"]}
+    finally:
+        drain([first, second])
