@@ -23,6 +23,7 @@ script sees its result. A recovered run's recorder carries a :class:`Resume`, wh
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,17 @@ class JournalRecorder(Recorder):
         self.stopping = False
 
     durable = True
+
+    # The run's request, items and result are its row's and its events' (bls.serve.runs):
+    # a journal notes none of them again, nor holds them while the run runs (a streaming
+    # run's items would all be held until it ends).
+
+    def entry(self, name: str, req: Any) -> None:
+        self.record.entry = name
+        self._t0 = time.monotonic()  # (its calls' times are counted from here)
+
+    def answer(self, value: Any) -> None:
+        pass
 
     def call(
         self,

@@ -190,3 +190,33 @@ def test_a_value_past_max_value_bytes_fails_its_call_naming_the_stage_and_is_jou
         assert again["result"] == [30]
     finally:
         drain([server])
+
+
+def _peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+def test_a_streaming_run_holds_no_more_of_its_items_than_its_result_keeps(
+    tmp_path: Path,
+) -> None:
+    # 1,500 items of 100 KB (150 MB): each goes to the store as it comes; the frontend
+    # holds at most max_result_bytes of them (1 MiB here), never the whole stream.
+    (tmp_path / "sized.py").write_text(SCRIPT)
+    (tmp_path / "bls.toml").write_text(
+        '[runs]\nmax_result_bytes = 1048576\n[stages.echo]\ninline = "sized.py:echo"\n'
+    )
+    store = f"sqlite://{tmp_path / 'runs.sqlite3'}"
+    server = start(["serve", str(tmp_path / "sized.py"), "--port", "0", "--runs", store])
+    try:
+        warm = ended(server, submit(server, "items", {"sizes": [100_000] * 20})["id"])
+        assert warm["status"] == "succeeded"
+        before = _peak_rss_mb(server.pid)
+        run = ended(server, submit(server, "items", {"sizes": [100_000] * 1500})["id"])
+        assert run["status"] == "succeeded" and run["result"] is None  # (events alone)
+        grew = _peak_rss_mb(server.pid) - before
+        assert grew < 50, f"the frontend's peak memory grew {grew:.0f} MB for a 150 MB stream"
+        last = _events(f"{server.address}/v1/runs/{run['id']}/events", 1500)
+        assert [(seq, kind) for seq, kind, _ in last] == [(1501, "item"), (1502, "end")]
+    finally:
+        drain([server])
