@@ -10,6 +10,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import anyio
+import anyio.lowlevel
 
 from ..journal import Journal, RunLost
 from ..resume import JournalRecorder
@@ -126,6 +127,7 @@ async def journaled(journal: Journal, run_id: str, wanted: str) -> AsyncIterator
             if kind == wanted:
                 yield data
         after = page[-1][0]
+        await anyio.lowlevel.checkpoint()  # (a page at a time, the loop serves others)
 
 
 async def nothing() -> AsyncIterator[bytes]:

@@ -15,6 +15,7 @@ written).
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import msgspec
 
 from ..journal import STATUSES, TERMINAL, Journal, Listed, RunRow
@@ -175,6 +176,9 @@ class RunRoutes:
         journal = self.journal
         poll = _POLL_FIRST_S
         while True:
+            # (A look at a time, the loop serves others: a store's read may not wait, nor
+            # may a send, to a client that reads fast or has gone: its cancel comes here.)
+            await anyio.lowlevel.checkpoint()
             live = self.runs.live.get(run_id)
             changed = live.changed if live is not None else None  # (taken before the read)
             status, listed = await journal.do(journal.news, run_id, after, _LOOK, _INLINE)

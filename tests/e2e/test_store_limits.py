@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -219,4 +221,41 @@ def test_a_streaming_run_holds_no_more_of_its_items_than_its_result_keeps(
         last = _events(f"{server.address}/v1/runs/{run['id']}/events", 1500)
         assert [(seq, kind) for seq, kind, _ in last] == [(1501, "item"), (1502, "end")]
     finally:
+        drain([server])
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_event_streams_whose_clients_stopped_reading_leave_the_server_serving(
+    tmp_path: Path, backend: str
+) -> None:
+    # A run of 1,500 items of 100 KB; ten clients open its events and read nothing. Each
+    # is closed once it took none of its answer for 1 s (--send-timeout), and its stream
+    # stops reading the store: the server answers everyone else meanwhile and after.
+    (tmp_path / "sized.py").write_text(SCRIPT)
+    (tmp_path / "bls.toml").write_text('[stages.echo]\ninline = "sized.py:echo"\n')
+    store = f"sqlite://{tmp_path / 'runs.sqlite3'}"
+    args = ["serve", str(tmp_path / "sized.py"), "--port", "0", "--runs", store]
+    server = start([*args, "--send-timeout", "1", "--backend", backend])
+    stalled: list[socket.socket] = []
+    try:
+        run = ended(server, submit(server, "items", {"sizes": [100_000] * 1500})["id"])
+        assert run["status"] == "succeeded"
+        host, port = server.address.removeprefix("http://").split(":")
+        for _ in range(10):
+            client = socket.create_connection((host, int(port)))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            client.sendall(f"GET /v1/runs/{run['id']}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            stalled.append(client)
+        slowest = 0.0
+        with httpx.Client(base_url=server.address, timeout=10) as fresh:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                began = time.monotonic()
+                assert fresh.get("/health").status_code == 200
+                slowest = max(slowest, time.monotonic() - began)
+        assert slowest < 1.0, f"/health took {slowest:.1f}s"
+        wait_for(lambda: server.log().count("took none of an answer") == 10, timeout=10)
+    finally:
+        for client in stalled:
+            client.close()
         drain([server])
