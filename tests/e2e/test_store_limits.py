@@ -6,7 +6,10 @@
   finishes with the answer an uninterrupted run gives, and new runs are taken again;
 - a value past `[runs] max_value_bytes` (a stage call's request and result, a streaming
   run's item): the call fails `too_large` naming its stage, journaled so, and the
-  script goes on; the item fails its run, naming it. The server serves on."""
+  script goes on; the item fails its run, naming it. The server serves on;
+- a run streaming 150 MB: the frontend holds no more of it than its result keeps;
+- event streams of that run whose clients read nothing: closed, they stop reading the
+  store, and the server answers everyone else meanwhile."""
 
 from __future__ import annotations
 
