@@ -148,15 +148,20 @@ async def items(req):
 """
 
 
+def _serve_sized(tmp_path: Path, runs: str, *more: str) -> Proc:
+    """`bls serve` of :data:`SCRIPT` (its `echo` stage in process), ``runs`` the lines of
+    its `[runs]` table, on a SQLite store in ``tmp_path``."""
+    (tmp_path / "sized.py").write_text(SCRIPT)
+    (tmp_path / "bls.toml").write_text(f'[runs]\n{runs}[stages.echo]\ninline = "sized.py:echo"\n')
+    store = f"sqlite://{tmp_path / 'runs.sqlite3'}"
+    return start(["serve", str(tmp_path / "sized.py"), "--port", "0", "--runs", store, *more])
+
+
 def test_a_value_past_max_value_bytes_fails_its_call_naming_the_stage_and_is_journaled_so(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "sized.py").write_text(SCRIPT)
-    (tmp_path / "bls.toml").write_text(
-        '[runs]\nmax_value_bytes = 1000\n[stages.echo]\ninline = "sized.py:echo"\n'
-    )
+    server = _serve_sized(tmp_path, "max_value_bytes = 1000\n")
     store = f"sqlite://{tmp_path / 'runs.sqlite3'}"
-    server = start(["serve", str(tmp_path / "sized.py"), "--port", "0", "--runs", store])
     try:
         # A result past it (untyped, as the README writes scripts; and typed): that call
         # fails too_large, naming its stage; the script goes on.
@@ -207,12 +212,7 @@ def test_a_streaming_run_holds_no_more_of_its_items_than_its_result_keeps(
 ) -> None:
     # 1,500 items of 100 KB (150 MB): each goes to the store as it comes; the frontend
     # holds at most max_result_bytes of them (1 MiB here), never the whole stream.
-    (tmp_path / "sized.py").write_text(SCRIPT)
-    (tmp_path / "bls.toml").write_text(
-        '[runs]\nmax_result_bytes = 1048576\n[stages.echo]\ninline = "sized.py:echo"\n'
-    )
-    store = f"sqlite://{tmp_path / 'runs.sqlite3'}"
-    server = start(["serve", str(tmp_path / "sized.py"), "--port", "0", "--runs", store])
+    server = _serve_sized(tmp_path, "max_result_bytes = 1048576\n")
     try:
         warm = ended(server, submit(server, "items", {"sizes": [100_000] * 20})["id"])
         assert warm["status"] == "succeeded"
@@ -234,11 +234,7 @@ def test_event_streams_whose_clients_stopped_reading_leave_the_server_serving(
     # A run of 1,500 items of 100 KB; ten clients open its events and read nothing. Each
     # is closed once it took none of its answer for 1 s (--send-timeout), and its stream
     # stops reading the store: the server answers everyone else meanwhile and after.
-    (tmp_path / "sized.py").write_text(SCRIPT)
-    (tmp_path / "bls.toml").write_text('[stages.echo]\ninline = "sized.py:echo"\n')
-    store = f"sqlite://{tmp_path / 'runs.sqlite3'}"
-    args = ["serve", str(tmp_path / "sized.py"), "--port", "0", "--runs", store]
-    server = start([*args, "--send-timeout", "1", "--backend", backend])
+    server = _serve_sized(tmp_path, "", "--send-timeout", "1", "--backend", backend)
     stalled: list[socket.socket] = []
     try:
         run = ended(server, submit(server, "items", {"sizes": [100_000] * 1500})["id"])
