@@ -174,6 +174,10 @@ class Runs:
             return
         journal = self.journal
         for row in await journal.do(journal.claim, self.script, self.owner, self._lease(), room):
+            if row.cancel:  # (asked of a frontend that stopped, or could not end it, first)
+                log.info("run %s: cancelled, as asked before its frontend stopped", row.id)
+                await self._finish(row.id, "cancelled", error=_cancelled(row.entry))
+                continue
             if row.started is not None:
                 log.info("run %s: recovering (its frontend stopped)", row.id)
             self._start(row)
@@ -456,11 +460,15 @@ class Runs:
 
     async def cancel(self, row: RunRow) -> tuple[int, RunRow]:
         """Cancel ``row``: its scope here; in the store when it waits or its owner is
-        gone; else its owner is asked to (202). 200 with the run as it ended."""
+        gone; else its owner is asked to (202). 200 with the run as it ended. A run taken
+        over with a cancel asked (:meth:`_take_over`) ends cancelled."""
         if row.status in TERMINAL:
             return 200, row
         live = self.live.get(row.id)
         if live is not None:
+            # (Asked in the store first: should its outcome not be written, a store that
+            # failed, the run is cancelled when it is taken over, not run again.)
+            await self.journal.do(self.journal.ask_cancel, row.id)
             live.scope.cancel(Reason.CANCELLED)
             with anyio.move_on_after(_CANCEL_WAIT_S):
                 while row.id in self.live:

@@ -511,3 +511,26 @@ def test_a_stalled_frontend_has_its_run_taken_over_and_goes_no_further_with_it(
         assert ended(first, answer.json()["id"])["result"] == {"n": 6, "out": ["6:0"]}
     finally:
         drain([first, second])
+
+
+def test_a_cancel_its_stopped_frontend_never_carried_out_ends_the_run_when_taken_over(
+    worker: Proc, store: str, config: Path, calls: Path
+) -> None:
+    """A run's frontend stalls (SIGSTOP), a cancel is asked through another (202: the
+    owner is to carry it out), and the owner dies (SIGKILL) before it could. The other
+    frontend takes the run over and ends it cancelled: its call is not sent again."""
+    first = serve(worker, store, config)
+    second = serve(worker, store, config)
+    try:
+        run = submit(first, "steps", {"n": 8, "steps": 1, "extra": {"sleep": 5}})
+        wait_for(lambda: "start 8 0" in lines(calls), timeout=10)
+        first.signal(signal.SIGSTOP)
+        asked = httpx.delete(f"{second.address}/v1/runs/{run['id']}", timeout=10)
+        assert asked.status_code in (200, 202), asked.text
+        first.signal(signal.SIGKILL)
+        first.wait()
+        done = ended(second, run["id"])
+        assert done["status"] == "cancelled", done
+        assert lines(calls).count("start 8 0") == 1
+    finally:
+        drain([first, second])

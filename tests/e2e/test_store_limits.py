@@ -82,6 +82,10 @@ def test_a_full_disk_refuses_new_runs_with_503_and_the_runs_under_way_finish_onc
         error = refused.json()["error"]
         assert error["type"] == "store_unavailable" and error["entry"] == "steps"
         assert "the runs store" in error["message"] and "full" in error["message"]
+        # Nor can a cancel be written: refused, and nothing is cancelled (the run ends
+        # as it would have, below).
+        kept = httpx.delete(f"{server.address}/v1/runs/{run['id']}")
+        assert kept.status_code == 503 and kept.json()["error"]["type"] == "store_unavailable"
         # Synchronous requests need no store: served, from a new client.
         with httpx.Client() as fresh:
             answer = fresh.post(
