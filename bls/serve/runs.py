@@ -12,11 +12,10 @@ creation and kept across recoveries. At most ``max_running`` run at once in a fr
 the others wait in the store as ``queued``, taken by priority, then age.
 
 :class:`Runs` keeps the leases of the runs it owns (:meth:`Runs.keep`, every
-``lease_s / 5``): it renews them, carries out a cancel another frontend was asked for,
-and takes over runs whose owner's lease ran out (a frontend that died) or that wait in
-the store, while it has room; leases and deadlines are on the store's clock
-(:meth:`bls.journal.Journal.now`, read again every :data:`_CLOCK_EVERY_S`). A
-taken-over run is recovered (:mod:`bls.resume`). On a drain, runs get the grace period
+``lease_s / 5``, :mod:`.run_leases`): it renews them, carries out a cancel another
+frontend was asked for, and takes over runs whose owner's lease ran out (a frontend that
+died) or that wait in the store, while it has room. A taken-over run is recovered
+(:mod:`bls.resume`). On a drain, runs get the grace period
 to finish; the rest are stopped, their leases released, and the next frontend goes on
 with them.
 """
@@ -47,6 +46,7 @@ from ..runtime import Runtime
 from ..scope import Reason, RequestScope
 from .framing import HttpError, error_for
 from .run_events import Live, journaled, nothing
+from .run_leases import Leases, cancelled
 
 __all__ = ["Job", "Runs", "error_object", "wants_async"]
 
@@ -54,10 +54,6 @@ log = logging.getLogger("bls.runs")
 _encode = msgspec.json.encode
 
 _CANCEL_WAIT_S = 5.0  # how long DELETE waits for a run of its own to end
-_PRUNE_SLICE = 1000  # runs forgotten at a time (about 10 ms of SQLite on a local disk)
-_PRUNE_PAUSE_S = 0.1  # between slices while more are due
-_PRUNE_EVERY_S = 60.0  # how often old runs are looked for
-_CLOCK_EVERY_S = 60.0  # how often the store's clock is read again (Journal.sync_clock)
 _RUNNING = b'{"status":"running"}'  # a run's first event
 
 
@@ -73,7 +69,7 @@ def wants_async(prefer: bytes | None) -> bool:
     return any(t.strip().lower() == b"respond-async" for t in tokens)
 
 
-class Runs:
+class Runs(Leases):
     """The background runs of one frontend over ``journal`` (see the module's
     docstring). ``async with runs.running():`` around the server; its routes are
     :attr:`routes`."""
@@ -104,83 +100,6 @@ class Runs:
         self._clock_read = time.monotonic()  # when the store's clock was read last
 
     # -- life ---------------------------------------------------------------------------
-
-    async def keep(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Run until cancelled: the runs' task group, and every ``lease_s / 5`` s the
-        leases renewed, cancels carried out, runs taken over (see the module's
-        docstring); old runs pruned beside (:meth:`_prune`)."""
-        config = self.config
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self._prune)
-            task_status.started()
-            while True:
-                try:
-                    if time.monotonic() - self._clock_read >= _CLOCK_EVERY_S:
-                        await self.journal.do(self.journal.sync_clock)
-                        self._clock_read = time.monotonic()
-                    if not self._drain.draining:
-                        await self._renew()
-                        await self._take_over()
-                except JournalError:
-                    # (Tried again at the next turn; a lease not renewed meanwhile may be
-                    # taken over by another frontend, which this one then hears of.)
-                    log.exception("background runs: the runs store failed")
-                with anyio.move_on_after(config.lease_s / 5):
-                    await self._room.wait()
-                self._room = anyio.Event()
-
-    async def _prune(self) -> None:
-        """Forget runs past ``retain_s`` and ``retain``, :data:`_PRUNE_SLICE` at a time:
-        every :data:`_PRUNE_EVERY_S`, and while a slice comes back full, again after
-        :data:`_PRUNE_PAUSE_S` (a slice holds the store, and on SQLite the event loop,
-        for milliseconds; forgetting a hundred thousand runs at once held it for seconds,
-        leases unrenewed meanwhile)."""
-        journal, config = self.journal, self.config
-        while True:
-            try:
-                gone = await journal.do(
-                    journal.prune,
-                    older_than=config.retain_s,
-                    keep=config.retain,
-                    limit=_PRUNE_SLICE,
-                )
-            except JournalError:
-                log.exception("background runs: the runs store failed to forget old runs")
-                gone = 0
-            if gone:
-                log.debug("background runs: forgot %d old run(s)", gone)
-            await anyio.sleep(_PRUNE_PAUSE_S if gone == _PRUNE_SLICE else _PRUNE_EVERY_S)
-
-    def _lease(self) -> float:
-        return self.journal.now() + self.config.lease_s
-
-    async def _renew(self) -> None:
-        journal = self.journal
-        for run_id in await journal.do(journal.renew, self.owner, list(self.live), self._lease()):
-            live = self.live.get(run_id)
-            if live is not None:
-                row = await journal.do(journal.get, run_id)
-                if row is not None and row.owner != self.owner:
-                    live.lost()
-                else:
-                    live.scope.cancel(Reason.CANCELLED)
-
-    async def _take_over(self) -> None:
-        room = self.config.max_running - self._running
-        if room <= 0:
-            return
-        journal = self.journal
-        for row in await journal.do(journal.claim, self.script, self.owner, self._lease(), room):
-            if row.cancel:  # (asked of a frontend that stopped, or could not end it, first)
-                log.info("run %s: cancelled, as asked before its frontend stopped", row.id)
-                await self._finish(row.id, "cancelled", error=_cancelled(row.entry))
-                continue
-            if row.started is not None:
-                log.info("run %s: recovering (its frontend stopped)", row.id)
-            self._start(row)
 
     def _start(self, row: RunRow) -> None:
         assert self._tg is not None
@@ -381,7 +300,7 @@ class Runs:
         if diverged is not None:
             await self._finish(row.id, "failed", error=diverged.body(), live=live)
         elif scope.reason is Reason.CANCELLED:
-            await self._finish(row.id, "cancelled", error=_cancelled(row.entry), live=live)
+            await self._finish(row.id, "cancelled", error=cancelled(row.entry), live=live)
         elif scope.reason is Reason.DEADLINE:
             why = "the run's deadline passed"
             error = HttpError(504, "deadline_exceeded", why, entry=row.entry)
@@ -461,7 +380,7 @@ class Runs:
     async def cancel(self, row: RunRow) -> tuple[int, RunRow]:
         """Cancel ``row``: its scope here; in the store when it waits or its owner is
         gone; else its owner is asked to (202). 200 with the run as it ended. A run taken
-        over with a cancel asked (:meth:`_take_over`) ends cancelled."""
+        over with a cancel asked (:meth:`.run_leases.Leases._take_over`) ends cancelled."""
         if row.status in TERMINAL:
             return 200, row
         live = self.live.get(row.id)
@@ -474,17 +393,12 @@ class Runs:
                 while row.id in self.live:
                     await live.changed.wait()
         elif row.lease < self.journal.now() or row.status == "queued":
-            await self._finish(row.id, "cancelled", error=_cancelled(row.entry))
+            await self._finish(row.id, "cancelled", error=cancelled(row.entry))
         else:
             await self.journal.do(self.journal.ask_cancel, row.id)
             return 202, await self.journal.do(self.journal.get, row.id) or row
         current = await self.journal.do(self.journal.get, row.id) or row
         return (200 if current.status in TERMINAL else 202), current
-
-
-def _cancelled(entry: str) -> bytes:
-    """The error body of a run that was cancelled (DELETE)."""
-    return HttpError(499, "cancelled", "the run was cancelled", entry=entry).body()
 
 
 def error_object(error: bytes | None) -> bytes:

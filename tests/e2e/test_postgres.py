@@ -8,7 +8,9 @@ from __future__ import annotations
 import collections
 import glob
 import os
+import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from bls.stores import PostgresJournal, open_journal
 from .postgres import PostgresServer, require_postgres
 from .procs import Proc, drain, start, wait_for
 from .test_runs import (  # noqa: F401
+    ASYNC,
     calls,
     config,
     ended,
@@ -200,6 +203,49 @@ def test_a_store_that_goes_away_is_a_503_and_the_server_serves_on(
         with httpx.Client() as fresh:
             answer = fresh.post(f"{server.address}/v1/scripts/steps", json={"n": 2, "steps": 1})
         assert answer.status_code == 200 and answer.json() == {"n": 2, "out": ["2:0"]}
+    finally:
+        drain([server])
+
+
+def test_a_store_down_for_a_while_is_said_once_and_its_return_too(
+    postgres: PostgresServer,
+    worker: Proc,  # noqa: F811
+    store: str,
+    config: Path,  # noqa: F811
+) -> None:
+    """The store refuses connections for 3 s (its database closed to them), some 15 turns
+    of the keeper (leases of 1 s: a turn every 0.2 s): the frontend says so once, not
+    every turn, then that it answers again; and it serves runs again, to a new client."""
+    import psycopg
+
+    server = serve(worker, store, config)
+    name = store.rsplit("/", 1)[1]
+    failed = "background runs: the runs store postgresql://"
+    try:
+        assert ended(server, submit(server, "steps", {"n": 1, "steps": 1})["id"])["status"] == (
+            "succeeded"
+        )
+        with psycopg.connect(postgres.url("postgres"), autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            wait_for(lambda: failed in server.log(), timeout=10)
+            down = time.monotonic()
+            wait_for(lambda: time.monotonic() - down >= 3, timeout=10)  # (15 turns or so)
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        wait_for(lambda: "the runs store answers again" in server.log(), timeout=10)
+        said = [line for line in server.lines if "bls.runs: background runs:" in line]
+        assert len(said) == 2, said
+        assert "tried again every 0.2s" in said[0] and "Traceback" not in server.log()
+        assert re.search(r"answers again, after \d+s \((1[0-9]|[2-9][0-9]) failed tries\)", said[1])
+        with httpx.Client() as fresh:
+            again = fresh.post(
+                f"{server.address}/v1/scripts/steps", json={"n": 4, "steps": 1}, headers=ASYNC
+            )
+        assert again.status_code == 202, again.text
+        assert ended(server, again.json()["id"])["result"] == {"n": 4, "out": ["4:0"]}
     finally:
         drain([server])
 
