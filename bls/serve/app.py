@@ -66,6 +66,7 @@ from .framing import (
     error_for,
     respond,
     send_error,
+    store_unavailable,
 )
 from .intake import (
     Clocks,
@@ -178,9 +179,8 @@ class Frontend:
                 await _refuse(scope, send, error)
             except JournalError as exc:  # (a route of runs, files or batches: the store)
                 log.error("%s %s: %s", scope["method"], loggable(scope["path"]), exc)
-                failed = HttpError(503, "store_unavailable", str(exc))
                 with contextlib.suppress(Exception):  # (unless its answer had begun)
-                    await _refuse(scope, send, failed)
+                    await _refuse(scope, send, store_unavailable(exc))
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
@@ -224,7 +224,7 @@ class Frontend:
             row = await self.runs.submit(entry, body, request.scope.ctx.priority, timeout)
         except JournalError as exc:  # (not the script's failure: the run was not made)
             log.error("%s: %s", entry.name, exc)
-            raise HttpError(503, "store_unavailable", str(exc), entry=entry.name) from None
+            raise store_unavailable(exc, entry.name) from None
         extra = [
             (b"location", b"/v1/runs/" + row.id.encode()),
             (b"preference-applied", b"respond-async"),

@@ -18,6 +18,7 @@ from ..errors import (
     StageNotBound,
     encodable,
 )
+from ..journal import JournalError
 from ..scope import Reason
 from .room import Room
 
@@ -38,6 +39,7 @@ __all__ = [
     "send_error",
     "send_pieces",
     "start",
+    "store_unavailable",
     "whole_answers",
 ]
 
@@ -111,6 +113,13 @@ def bad_header(name: str, expected: str, given: bytes | None = None) -> HttpErro
         shown = given[:64].decode(errors="replace")
         got = f", got {shown!r}" + (f" ({len(given)} bytes)" if len(given) > 64 else "")
     return HttpError(400, "invalid_header", f"{name} must be {expected}{got}", path=name)
+
+
+def store_unavailable(exc: JournalError, entry: str | None = None) -> HttpError:
+    """503 ``store_unavailable`` in the store's own words: the runs store failed, so the
+    run was not made or read (a route of runs, files or batches, or a submission to
+    ``entry``); not the script's failure, and nothing is cancelled."""
+    return HttpError(503, "store_unavailable", str(exc), entry=entry)
 
 
 def error_for(exc: BaseException, entry: str = "") -> HttpError:
