@@ -184,7 +184,11 @@ def _run_paths(run_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[str, 
     }
     query = [
         {"name": "status", "in": "query", "schema": _RUN["properties"]["status"]},  # type: ignore[index]
-        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+        {
+            "name": "limit",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+        },
         {"name": "before", "in": "query", "schema": {"type": "string"}},
     ]
     return {
@@ -197,7 +201,8 @@ def _run_paths(run_ref: dict[str, Any], error_ref: dict[str, Any]) -> dict[str, 
                     "200": {
                         "description": "a page",
                         "content": {"application/json": {"schema": listing}},
-                    }
+                    },
+                    "400": {"description": "a parameter out of range, or not one of these"},
                 },
             }
         },

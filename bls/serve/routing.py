@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from .framing import HttpError, Receive, Scope, Send
 
-__all__ = ["Handler", "Route", "Router"]
+__all__ = ["Handler", "Route", "Router", "not_allowed"]
 
 # A handler gets the ASGI triple and the rest of the path after a prefix route's prefix
 # ("" for an exact route).
@@ -60,11 +60,15 @@ class Router:
             else:
                 raise HttpError(404, "not_found", f"no route {method} {path}")
         if method not in route.methods:
-            allowed = ", ".join(sorted(route.methods))
-            raise HttpError(
-                405,
-                "method_not_allowed",
-                f"{method} is not allowed on {path}",
-                headers=[(b"allow", allowed.encode())],
-            )
+            raise not_allowed(method, path, route.methods)
         return route.handler, rest
+
+
+def not_allowed(method: str, path: str, allowed: Iterable[str]) -> HttpError:
+    """405 for ``method`` on ``path``, with ``Allow`` listing the methods it takes."""
+    return HttpError(
+        405,
+        "method_not_allowed",
+        f"{method} is not allowed on {path}",
+        headers=[(b"allow", ", ".join(sorted(allowed)).encode())],
+    )

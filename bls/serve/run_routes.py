@@ -33,7 +33,7 @@ from .framing import (
     start,
 )
 from .intake import header, query_of, request_id_of
-from .routing import Route
+from .routing import Route, not_allowed
 from .runs import Runs, error_object
 
 __all__ = ["RunRoutes", "run_body"]
@@ -51,6 +51,7 @@ _INLINE = 1024  # a listed event's data comes with it up to this size (256 KiB a
 # its size: past LARGE_ANSWER, held against the bound of large answers being sent).
 _PAGE_BYTES = 256 << 10
 _MAX_LIST = 1000
+_LIST_QUERY = ("status", "limit", "before")  # what GET /v1/runs takes
 _MAX_ID_DIGITS = 18  # an event's id is a store's 64-bit integer
 _OVER = TERMINAL | {None}  # a run's status once it has its outcome (None: forgotten since)
 
@@ -72,6 +73,11 @@ class RunRoutes:
         rid = request_id_of(scope)
         status = query.get("status")
         try:
+            unknown = query.keys() - _LIST_QUERY
+            if unknown:
+                name = min(unknown)
+                why = f"unknown query parameter {name!r} (known: {', '.join(_LIST_QUERY)})"
+                raise HttpError(400, "invalid_query", why, path=name)
             if status is not None and status not in STATUSES:
                 raise HttpError(
                     400,
@@ -114,6 +120,9 @@ class RunRoutes:
             await send_error(scope, send, _no_run(run_id), rid)
         elif tail == "events" and scope["method"] != "DELETE":
             await self._events(scope, receive, send, run_id, status)
+        elif tail == "events":
+            error = not_allowed(scope["method"], scope["path"], ("GET", "HEAD"))
+            await send_error(scope, send, error, rid)
         else:
             what = f"no route {scope['method']} {scope['path']}"
             await send_error(scope, send, HttpError(404, "not_found", what), rid)

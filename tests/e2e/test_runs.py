@@ -130,7 +130,13 @@ def test_a_background_run_answers_what_a_synchronous_request_answers(
         assert bad.status_code == 400 and bad.json()["error"]["path"] == "status"
         bad = httpx.get(f"{server.address}/v1/runs", params={"before": "run-gone"})
         assert bad.status_code == 400 and bad.json()["error"]["path"] == "before"
+        bad = httpx.get(f"{server.address}/v1/runs", params={"state": "running"})  # (a typo)
+        assert bad.status_code == 400 and bad.json()["error"]["path"] == "state"
+        assert "known: status, limit, before" in bad.json()["error"]["message"]
         assert httpx.get(f"{server.address}/v1/runs/run-nope").status_code == 404
+        wrong = httpx.delete(f"{server.address}/v1/runs/{run['id']}/events")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD"
+        assert wrong.json()["error"]["type"] == "method_not_allowed"
         spec = httpx.get(f"{server.address}/openapi.json").json()
         assert {"/v1/runs", "/v1/runs/{id}", "/v1/runs/{id}/events"} <= set(spec["paths"])
         steps = spec["paths"]["/v1/scripts/steps"]["post"]
