@@ -87,10 +87,10 @@ def open_journal(url: str | None) -> Journal:
     if parts.scheme == "":
         return SqliteJournal(Path(url))
     if parts.scheme == "sqlite":
-        path = unquote(url[len("sqlite://") :])  # sqlite:///tmp/runs: /tmp/runs
-        if not path.strip("/"):
+        path = _sqlite_path(url)
+        if not str(path).strip("/"):
             raise JournalError(f"--runs {url}: no file (write sqlite:///PATH)")
-        return SqliteJournal(Path(path))
+        return SqliteJournal(path)
     if parts.scheme in ("postgresql", "postgres"):
         return PostgresJournal(url)
     raise JournalError(
@@ -105,10 +105,17 @@ def anchored(url: str, base: Path) -> str:
     if url == "off" or urlsplit(url).scheme not in ("", "sqlite"):
         return url
     sqlite = url.startswith("sqlite:")
-    path = Path(unquote(url[len("sqlite://") :]) if sqlite else url).expanduser()
+    path = (_sqlite_path(url) if sqlite else Path(url)).expanduser()
     if path.is_absolute():
         return url
     return f"sqlite://{base / path}" if sqlite else str(base / path)
+
+
+def _sqlite_path(url: str) -> Path:
+    """The file a ``sqlite://`` URL names: ``sqlite:///tmp/runs`` is ``/tmp/runs``, and so
+    is ``sqlite:////tmp/runs`` (SQLAlchemy's way to write it), not ``//tmp/runs``."""
+    path = unquote(url[len("sqlite://") :])
+    return Path("/" + path.lstrip("/") if path.startswith("/") else path)
 
 
 class SqliteJournal(Journal):

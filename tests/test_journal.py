@@ -60,6 +60,11 @@ def test_stores_are_named_by_url_or_path(tmp_path: Path, monkeypatch: pytest.Mon
 
     assert path(f"sqlite://{tmp_path}/a.db") == tmp_path / "a.db"
     assert path(str(tmp_path / "b.db")) == tmp_path / "b.db"
+    # Four slashes, as SQLAlchemy writes an absolute path: the same file, shown with one.
+    assert path(f"sqlite:///{tmp_path}/c.db") == tmp_path / "c.db"
+    shown = open_journal(f"sqlite:///{tmp_path}/c.db")
+    shown.close()
+    assert shown.url() == f"sqlite://{tmp_path}/c.db"
     monkeypatch.setenv("BLS_STATE_DIR", str(tmp_path / "state"))
     assert default_path() == tmp_path / "state" / "runs.sqlite3"
     assert path(None) == default_path()
