@@ -23,6 +23,7 @@ from .counts import StageCounts
 from .entry import Script
 from .errors import ErrorKind, InvalidRequest, StageError
 from .loop import backend
+from .mathlibs import settle
 from .messages import Signature, convert, fast_type, json_schema, signature_of, type_name
 from .policy import Policy
 from .scope import NO_CONTEXT, CallContext
@@ -323,9 +324,11 @@ class InlineBinding(Binding):
         return self._worker.served_models() if self._worker is not None and self._started else []
 
     async def start(self) -> None:
+        settle()  # (torch's math set up on one thread: the same bits in any process)
         if self._worker is not None and not self._started:
             await self._worker.setup()
             self._started = True
+            settle()  # (for a torch loaded by setup)
 
     async def aclose(self) -> None:
         if self._worker is not None and self._started:

@@ -82,3 +82,51 @@ async def test_asyncio_called_on_trio_says_what_to_use_instead() -> None:
     assert caught.value.kind == "RuntimeError"
     assert caught.value.message.startswith("no running event loop (asyncio was called")
     assert "use anyio" in caught.value.message and "--backend asyncio" in caught.value.message
+
+
+class FakeTorch:
+    """What bls.mathlibs uses of torch, its calls noted."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def zeros(self, n: int) -> int:
+        return n
+
+    def tanh(self, x: object) -> None:
+        self.calls.append(("tanh", x))
+
+
+class Torchish(bls.Worker):
+    """A worker that loads torch (a stand-in) in its setup, as bls.models' do."""
+
+    torch = FakeTorch()
+
+    async def setup(self) -> None:
+        import sys
+
+        sys.modules["torch"] = self.torch  # type: ignore[assignment]
+
+    async def __call__(self, req: str) -> str:
+        return req
+
+
+async def test_torchs_vector_math_is_set_up_once_before_a_stages_first_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MKL's vector math, set up lazily by two threads at once, now and then answers a
+    process's first call with other bits (bls.mathlibs): a stage's start makes one small
+    call first, once a process, even when torch comes with a worker's setup."""
+    import sys
+
+    from bls import mathlibs
+
+    monkeypatch.setattr(mathlibs, "_settled", False)
+    monkeypatch.setattr(Torchish, "torch", FakeTorch())
+    monkeypatch.setitem(sys.modules, "torch", None)  # (not loaded; undone after the test)
+    for name in ("a", "b"):
+        binding = InlineBinding(name, Torchish)
+        await binding.open()
+        await binding.start()
+        await binding.aclose()
+    assert Torchish.torch.calls == [("tanh", 8)]
