@@ -122,7 +122,10 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     long a batch may run before it expires (what its ``completion_window``, ``24h``,
     means here); ``batch_input_bytes``: the input files of the batches a frontend runs
     at once, in bytes, at most (a batch past it waits its turn; one larger runs alone),
-    and, apart, of those it checks as they are made."""
+    and, apart, of those it checks as they are made; ``max_bytes``: what a SQLite store
+    (its runs and files) may take on disk: past it, finished runs are forgotten oldest
+    first, and while only unfinished ones are left new runs are refused (503,
+    ``store_full``; PostgreSQL's space is the database's to bound)."""
 
     store: str | None = None
     lease_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
@@ -138,6 +141,7 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 24 * 3600.0
     retain_s: Annotated[float, msgspec.Meta(gt=0)] = 7 * 24 * 3600.0
     retain: Annotated[int, msgspec.Meta(ge=0)] = 100_000
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 16 * 1024**3
 
 
 class VersionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

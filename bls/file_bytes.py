@@ -65,6 +65,18 @@ class FileBytes:
             with contextlib.suppress(ValueError):
                 self.path(file_id).unlink(missing_ok=True)
 
+    def total(self) -> int:
+        """The bytes of every file in the folder."""
+        size = 0
+        try:
+            entries = list(os.scandir(self.folder))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                size += entry.stat().st_size
+        return size
+
     def forget(self, older_than: float, known: set[str]) -> None:
         """Remove what is older than ``older_than`` s and is not in ``known`` (ids with a
         row): bytes whose row was never made, temporary files a crash left."""

@@ -355,12 +355,43 @@ class Journal(FileStore):
                 gone.update(r[0] for r in rows.fetchall())
         if cutoff is not None:
             self._execute("DELETE FROM files WHERE created < ?", (cutoff,))
+        self._forget(gone)
+        return len(gone)
+
+    def forget_oldest(self, room: int, limit: int) -> int:
+        """Forget the oldest finished runs (a queued or running one is never forgotten)
+        until those forgotten held ``room`` bytes (their requests, results, calls and
+        events), ``limit`` runs at most: to make room (``[runs] max_bytes``); how many
+        went."""
+        rows = self._execute(
+            "SELECT id, length(request) + coalesce(length(result), 0) + coalesce(length(error), 0)"
+            " + coalesce((SELECT sum(length(call)) FROM calls WHERE run = runs.id), 0)"
+            " + coalesce((SELECT sum(length(data)) FROM events WHERE run = runs.id), 0) "
+            "FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled') "
+            "ORDER BY created LIMIT ?",
+            (limit,),
+        )
+        gone: set[str] = set()
+        for run_id, size in rows.fetchall():
+            if room <= 0:
+                break
+            gone.add(run_id)
+            room -= size
+        self._forget(gone)
+        return len(gone)
+
+    def _forget(self, gone: set[str]) -> None:
         if gone:
             ids = [(g,) for g in sorted(gone)]  # (in one order: frontends pruning at once)
             with self._transaction():
                 for table, column in (("runs", "id"), ("calls", "run"), ("events", "run")):
                     self._execute_many(f"DELETE FROM {table} WHERE {column} = ?", ids)
-        return len(gone)
+
+    async def used_bytes(self) -> int | None:
+        """The bytes the store's runs and files take, what forgetting runs frees (``[runs]
+        max_bytes``); None where the store cannot tell that cheaply (PostgreSQL, whose
+        space is the database's to bound)."""
+        return None
 
     # -- calls ----------------------------------------------------------------------------
 

@@ -196,6 +196,14 @@ class SqliteJournal(Journal):
                 raise self._files_failed(exc) from exc
         return gone
 
+    async def used_bytes(self) -> int:
+        """The database's pages in use (not those its deletes freed for reuse: the file
+        does not shrink) and the files' bytes beside it."""
+        pages = self._execute("PRAGMA page_count").fetchone()[0]
+        free = self._execute("PRAGMA freelist_count").fetchone()[0]
+        page = self._execute("PRAGMA page_size").fetchone()[0]
+        return int((pages - free) * page) + await self._on_disk(self._bytes.total)
+
     async def _on_disk(self, work: Callable[..., _T], *args: Any) -> _T:
         try:
             return await anyio.to_thread.run_sync(work, *args)

@@ -218,6 +218,28 @@ def test_finished_runs_are_forgotten_by_age_and_count(open_store: OpenStore) -> 
     assert [r.id for r in journal.runs()] == ["r4"]
 
 
+def test_the_oldest_finished_runs_holding_what_is_asked_are_forgotten(
+    open_store: OpenStore,
+) -> None:
+    """``[runs] max_bytes``: the oldest finished runs go until those gone held ``room``
+    bytes (request, result, calls, events), ``limit`` at most; a live run never goes."""
+    journal = open_store()
+    now = time.time()
+    call = RecordedCall(stage="s", streaming=False, request=b"\x80", start=0.0, result_type=None)
+    for n in range(6):
+        journal.create(msgspec.structs.replace(row(f"r{n}", created=now + n), request=b"x" * 1000))
+        journal.call(f"r{n}", 0, call, done=True)
+        journal.event(f"r{n}", 1, "item", b"y" * 1000)
+        if n != 0:  # (r0: the oldest, running)
+            journal.finish(f"r{n}", "succeeded", result=b"1")
+    assert journal.forget_oldest(2500, limit=100) == 2  # r1, r2: some 2,000 bytes each
+    assert [r.id for r in journal.runs()] == ["r5", "r4", "r3", "r0"]
+    assert journal.forget_oldest(10**9, limit=1) == 1  # r3
+    assert journal.forget_oldest(10**9, limit=100) == 2
+    assert [r.id for r in journal.runs()] == ["r0"] and journal.forget_oldest(1, 100) == 0
+    assert journal.calls("r4") == [] and journal.events("r4") == []
+
+
 def test_runs_are_forgotten_a_slice_at_a_time(open_store: OpenStore) -> None:
     journal = open_store()
     now = time.time()

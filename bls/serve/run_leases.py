@@ -6,7 +6,8 @@ cancel another frontend was asked for, and takes over runs whose owner's lease r
 (a frontend that died) or that wait in the store, while it has room; leases and deadlines
 are on the store's clock (:meth:`bls.journal.Journal.now`, read again every
 :data:`_CLOCK_EVERY_S`). Beside it, old runs are forgotten a slice at a time
-(:meth:`Leases._prune`).
+(:meth:`Leases._prune`), and past ``max_bytes`` the oldest finished runs
+(:meth:`Leases._bound`).
 
 A store that fails is tried again at the next turn, and said once (:class:`_Outage`): its
 first failure, then every :data:`_OUTAGE_NOTE_S` while it lasts, then that it answers
@@ -38,6 +39,9 @@ _PRUNE_PAUSE_S = 0.1  # between slices while more are due
 _PRUNE_EVERY_S = 60.0  # how often old runs are looked for
 _CLOCK_EVERY_S = 60.0  # how often the store's clock is read again (Journal.sync_clock)
 _OUTAGE_NOTE_S = 60.0  # while the store fails, how often that is said again
+_BOUND_EVERY_S = 5.0  # how often the store's size is read ([runs] max_bytes)
+_BOUND_SLICE = 100  # runs forgotten at a time to make room, at most
+_BOUND_PASSES = 10  # slices forgotten a turn, at most
 
 
 class Leases:
@@ -54,6 +58,7 @@ class Leases:
     _tg: anyio.abc.TaskGroup | None
     _room: anyio.Event
     _clock_read: float
+    full: bool  # the store is past max_bytes with no finished run to forget (_bound)
     _start: Callable[[RunRow], None]
     _finish: Callable[..., Awaitable[None]]
     script: str
@@ -69,6 +74,7 @@ class Leases:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._prune, outage)
+            tg.start_soon(self._bound, outage)
             task_status.started()
             while True:
                 try:
@@ -108,6 +114,60 @@ class Leases:
             if gone:
                 log.debug("background runs: forgot %d old run(s)", gone)
             await anyio.sleep(_PRUNE_PAUSE_S if gone == _PRUNE_SLICE else _PRUNE_EVERY_S)
+
+    async def _bound(self, outage: _Outage) -> None:
+        """Keep the store within ``max_bytes``: every :data:`_BOUND_EVERY_S` (or lease,
+        the shorter) its size read, and while it is past, the oldest finished runs
+        forgotten, those that held what it is past (:data:`_BOUND_SLICE` at most at a
+        time, :data:`_BOUND_PASSES` times a turn at most); while it is still past,
+        :attr:`full` (new runs are refused). A store that cannot tell its size (PostgreSQL)
+        is not bounded here."""
+        journal, most = self.journal, self.config.max_bytes
+        every = min(_BOUND_EVERY_S, self.config.lease_s)
+        said = False
+        while True:
+            try:
+                used = await journal.used_bytes()
+                if used is None:
+                    return
+                forgot = 0
+                for _ in range(_BOUND_PASSES):  # (runs that end meanwhile wait a turn)
+                    if used <= most:
+                        break
+                    gone = await journal.do(journal.forget_oldest, used - most, _BOUND_SLICE)
+                    if not gone:
+                        break
+                    forgot += gone
+                    await anyio.sleep(_PRUNE_PAUSE_S)  # (the store, and the loop, for others)
+                    again = await journal.used_bytes()
+                    assert again is not None  # (a store that tells its size tells it again)
+                    used = again
+                if forgot:  # (said once; a store kept at its bound forgets every turn)
+                    log.log(
+                        logging.DEBUG if said else logging.INFO,
+                        "background runs: forgot the %d oldest finished run(s): the store "
+                        "took more than its %d bytes ([runs] max_bytes)",
+                        forgot,
+                        most,
+                    )
+                    said = True
+                self._full(used, most)
+            except JournalError as exc:
+                outage.failed(exc)
+            await anyio.sleep(every)
+
+    def _full(self, used: int, most: int) -> None:
+        full = used > most
+        if full and not self.full:
+            log.error(
+                "background runs: the store takes %d bytes, past its %d ([runs] max_bytes), "
+                "after forgetting what it could: new runs are refused until there is room",
+                used,
+                most,
+            )
+        elif self.full and not full:
+            log.warning("background runs: the store is within [runs] max_bytes again")
+        self.full = full
 
     def _lease(self) -> float:
         return self.journal.now() + self.config.lease_s

@@ -98,6 +98,7 @@ class Runs(Leases):
         self._tg: anyio.abc.TaskGroup | None = None
         self._room = anyio.Event()  # set when a run ends (the keeper may take another)
         self._clock_read = time.monotonic()  # when the store's clock was read last
+        self.full = False  # past [runs] max_bytes, nothing to forget (Leases._bound)
 
     # -- life ---------------------------------------------------------------------------
 
@@ -137,6 +138,12 @@ class Runs(Leases):
         return await self._submit(kind, request, 0, timeout)
 
     async def _submit(self, name: str, body: bytes, priority: int, timeout: float | None) -> RunRow:
+        if self.full:
+            why = (
+                f"the runs store takes more than its {self.config.max_bytes} bytes ([runs] "
+                "max_bytes), all of them runs not finished yet"
+            )
+            raise HttpError(503, "store_full", why, headers=[(b"retry-after", b"5")])
         now = self.journal.now()
         timeout = timeout if timeout is not None else self.config.timeout_s
         start_here = not self._drain.draining and self._running < self.config.max_running

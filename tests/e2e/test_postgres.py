@@ -29,6 +29,7 @@ from test_journal import (  # noqa: F401
     test_calls_and_events_come_back_in_order,
     test_finished_runs_are_forgotten_by_age_and_count,
     test_runs_are_forgotten_a_slice_at_a_time,
+    test_the_oldest_finished_runs_holding_what_is_asked_are_forgotten,
     test_two_frontends_claiming_at_once_never_both_get_a_run,
 )
 

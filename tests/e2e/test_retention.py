@@ -98,3 +98,66 @@ def test_a_store_past_its_retention_is_pruned_in_slices_while_the_server_serves(
         assert httpx.delete(f"{url}/v1/runs/{running['id']}").json()["status"] == "cancelled"
     finally:
         drain([server])
+
+
+def _used(path: Path) -> int:
+    """The bytes a SQLite store's pages in use take (what [runs] max_bytes bounds)."""
+    db = sqlite3.connect(path)
+    try:
+        pages, free, size = (
+            db.execute(f"PRAGMA {p}").fetchone()[0]
+            for p in ("page_count", "freelist_count", "page_size")
+        )
+        return int((pages - free) * size)
+    finally:
+        db.close()
+
+
+def test_a_store_is_kept_within_its_bytes_and_refuses_runs_while_only_live_ones_fill_it(
+    tmp_path: Path,
+) -> None:
+    """``[runs] max_bytes = 1 MB``. 30 runs of 100 KB requests end: the oldest are
+    forgotten until the store takes 1 MB at most, the newest kept. Then three runs of
+    400 KB that go on fill it alone: new runs are refused 503 ``store_full`` (synchronous
+    requests served), until those three are cancelled; then runs are taken again."""
+    store = tmp_path / "runs.sqlite3"
+    script = tmp_path / "hold.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "bls.toml").write_text("[runs]\nlease_s = 1.0\nmax_bytes = 1000000\n")
+    argv = ["serve", str(script), "--port", "0", "--runs", f"sqlite://{store}"]
+    server = start(argv)
+    url, later = server.address, {"prefer": "respond-async"}
+
+    def submit(s: float, pad: int) -> httpx.Response:
+        return httpx.post(f"{url}/v1/scripts/hold", json={"s": s, "pad": "x" * pad}, headers=later)
+
+    try:
+        ran = [submit(0, 100_000).json()["id"] for _ in range(30)]
+        wait_for(lambda: _used(store) <= 1_000_000, 30, interval=0.1)
+        wait_for(lambda: "oldest finished run(s): the store took more" in server.log(), 10)
+        assert httpx.get(f"{url}/v1/runs/{ran[0]}").status_code == 404
+        newest = httpx.get(f"{url}/v1/runs/{ran[-1]}").json()
+        assert newest["status"] == "succeeded" and newest["result"] == {"held": 0}
+
+        live = [submit(60, 400_000).json()["id"] for _ in range(3)]
+        refused: list[httpx.Response] = []
+        wait_for(lambda: refused.append(submit(0, 0)) or refused[-1].status_code == 503, 30, 0.1)
+        error = refused[-1].json()["error"]
+        assert error["type"] == "store_full" and "[runs] max_bytes" in error["message"]
+        assert refused[-1].headers["retry-after"] == "5"
+        assert all(httpx.get(f"{url}/v1/runs/{r}").json()["status"] == "running" for r in live)
+        with httpx.Client() as fresh:
+            assert fresh.post(f"{url}/v1/scripts/hold", json={"s": 0}).json() == {"held": 0}
+        for run_id in live:
+            assert httpx.delete(f"{url}/v1/runs/{run_id}").json()["status"] == "cancelled"
+        taken: list[httpx.Response] = []
+        wait_for(lambda: taken.append(submit(0, 0)) or taken[-1].status_code == 202, 30, 0.1)
+        wait_for(
+            lambda: (
+                httpx.get(f"{url}/v1/runs/{taken[-1].json()['id']}").json()["status"] == "succeeded"
+            ),
+            10,
+        )
+        assert "is within [runs] max_bytes again" in server.log()
+    finally:
+        drain([server])
