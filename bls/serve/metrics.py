@@ -178,6 +178,12 @@ class Metrics:
                 ["status"],
                 {(k,): n for k, n in self._runs.outcomes.items()},
             )
+            if self._runs.used_bytes is not None:
+                yield GaugeMetricFamily(
+                    "bls_runs_store_bytes",
+                    "What the SQLite runs store takes on disk, read every 5 s ([runs] max_bytes)",
+                    value=self._runs.used_bytes,
+                )
         if self._records is not None:
             yield from _records(self._records)
         yield _counter(

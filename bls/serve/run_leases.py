@@ -58,7 +58,8 @@ class Leases:
     _tg: anyio.abc.TaskGroup | None
     _room: anyio.Event
     _clock_read: float
-    full: bool  # the store is past max_bytes with no finished run to forget (_bound)
+    full: bool  # the store is past max_bytes after forgetting what it could (_bound)
+    used_bytes: int | None  # what the store took when last read (_bound; None: not read)
     _start: Callable[[RunRow], None]
     _finish: Callable[..., Awaitable[None]]
     script: str
@@ -151,6 +152,7 @@ class Leases:
                         most,
                     )
                     said = True
+                self.used_bytes = used
                 self._full(used, most)
             except JournalError as exc:
                 outage.failed(exc)

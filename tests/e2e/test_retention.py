@@ -136,6 +136,8 @@ def test_a_store_is_kept_within_its_bytes_and_refuses_runs_while_only_live_ones_
         wait_for(lambda: _used(store) <= 1_000_000, 30, interval=0.1)
         wait_for(lambda: "oldest finished run(s): the store took more" in server.log(), 10)
         assert httpx.get(f"{url}/v1/runs/{ran[0]}").status_code == 404
+        gauge = re.search(r"^bls_runs_store_bytes (\S+)$", httpx.get(f"{url}/metrics").text, re.M)
+        assert gauge is not None and 0 < float(gauge[1]) <= 1_000_000
         newest = httpx.get(f"{url}/v1/runs/{ran[-1]}").json()
         assert newest["status"] == "succeeded" and newest["result"] == {"held": 0}
 
