@@ -167,23 +167,7 @@ class Metrics:
             value=self._queued(),
         )
         if self._runs is not None:
-            yield GaugeMetricFamily(
-                "bls_runs_in_flight",
-                "Background runs running in this frontend",
-                value=len(self._runs.live),
-            )
-            yield _counter(
-                "bls_runs_ended",
-                "Background runs this frontend ended, by status",
-                ["status"],
-                {(k,): n for k, n in self._runs.outcomes.items()},
-            )
-            if self._runs.used_bytes is not None:
-                yield GaugeMetricFamily(
-                    "bls_runs_store_bytes",
-                    "What the SQLite runs store takes on disk, read every 5 s ([runs] max_bytes)",
-                    value=self._runs.used_bytes,
-                )
+            yield from _runs(self._runs)
         if self._records is not None:
             yield from _records(self._records)
         yield _counter(
@@ -244,6 +228,28 @@ def _histograms(
         buckets, total = hist.family_samples()
         family.add_metric([value], buckets, total)
     return family
+
+
+def _runs(runs: Any) -> Iterator[Any]:
+    """The background runs (a :class:`.runs.Runs`): running here, ended here, and what
+    their store takes."""
+    yield GaugeMetricFamily(
+        "bls_runs_in_flight",
+        "Background runs running in this frontend",
+        value=len(runs.live),
+    )
+    yield _counter(
+        "bls_runs_ended",
+        "Background runs this frontend ended, by status",
+        ["status"],
+        {(k,): n for k, n in runs.outcomes.items()},
+    )
+    if runs.used_bytes is not None:
+        yield GaugeMetricFamily(
+            "bls_runs_store_bytes",
+            "What the SQLite runs store takes on disk, read every 5 s ([runs] max_bytes)",
+            value=runs.used_bytes,
+        )
 
 
 def _records(records: Any) -> Iterator[Any]:
