@@ -28,4 +28,4 @@ def settle() -> None:
     if _settled or torch is None or not hasattr(torch, "tanh"):
         return
     _settled = True
-    torch.tanh(torch.zeros(8))  # (8 elements: one thread, through MKL's vector math)
+    torch.tanh(torch.zeros(8, device="cpu"))  # (one thread, through MKL's vector math)

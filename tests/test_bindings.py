@@ -90,8 +90,8 @@ class FakeTorch:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    def zeros(self, n: int) -> int:
-        return n
+    def zeros(self, n: int, *, device: str) -> tuple[int, str]:
+        return n, device
 
     def tanh(self, x: object) -> None:
         self.calls.append(("tanh", x))
@@ -129,4 +129,4 @@ async def test_torchs_vector_math_is_set_up_once_before_a_stages_first_call(
         await binding.open()
         await binding.start()
         await binding.aclose()
-    assert Torchish.torch.calls == [("tanh", 8)]
+    assert Torchish.torch.calls == [("tanh", (8, "cpu"))]  # (not a default device's: CUDA)
