@@ -45,14 +45,30 @@ class FileStore:
         found = self._execute(f"SELECT {what} FROM files WHERE id = ?", (file_id,)).fetchone()
         return None if found is None else _file_row(found)
 
-    def files(self, *, purpose: str | None = None, limit: int = 100) -> list[FileRow]:
-        """Files newest first, ``limit`` at most, of ``purpose`` only when given."""
-        sql = f"SELECT {_FILE_COLUMNS} FROM files"
+    def files(
+        self,
+        *,
+        purpose: str | None = None,
+        limit: int = 100,
+        after: FileRow | None = None,
+        oldest_first: bool = False,
+    ) -> list[FileRow]:
+        """Files newest first (or oldest), ``limit`` at most, of ``purpose`` only when
+        given, those that come ``after`` that one in that order only when given."""
+        where: list[str] = []
         args: list[Any] = []
         if purpose is not None:
-            sql += " WHERE purpose = ?"
+            where.append("purpose = ?")
             args.append(purpose)
-        rows = self._execute(f"{sql} ORDER BY created DESC, id DESC LIMIT ?", (*args, limit))
+        past = ">" if oldest_first else "<"
+        if after is not None:
+            where.append(f"(created {past} ? OR (created = ? AND id {past} ?))")
+            args += [after.created, after.created, after.id]
+        sql = f"SELECT {_FILE_COLUMNS} FROM files"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        order = "" if oldest_first else " DESC"
+        rows = self._execute(f"{sql} ORDER BY created{order}, id{order} LIMIT ?", (*args, limit))
         return [_file_row(r) for r in rows.fetchall()]
 
     def delete_file(self, file_id: str) -> bool:

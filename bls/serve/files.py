@@ -25,11 +25,13 @@ from ..journal_files import FileRow
 from .framing import HttpError, Receive, Scope, Send, holding, respond, send_error
 from .intake import Disconnected, header, query_of, request_id_of, route_body
 from .routing import Route
+from .run_routes import list_limit
 
 __all__ = ["BODY_S", "MAX_UPLOADS", "Files", "file_body"]
 
 BODY_S = 60.0  # how long an upload's body (or a batch's request) may take to arrive
 MAX_UPLOADS = 4  # uploads under way at once in a frontend, at most (more: 503)
+_MAX_LIST = 10_000  # files a page lists, at most (and when not asked: OpenAI's default)
 _encode = msgspec.json.encode
 
 
@@ -50,10 +52,7 @@ class Files:
         journal = self.journal
         try:
             if scope["method"] == "GET":
-                wanted = query_of(scope).get("purpose")
-                files = await journal.do(journal.files, purpose=wanted, limit=10_000)
-                data = b",".join(file_body(f) for f in files)
-                await respond(scope, send, 200, b'{"object":"list","data":[%s]}' % data, rid)
+                await respond(scope, send, 200, await self._list(query_of(scope)), rid)
                 return
             if self._uploading >= MAX_UPLOADS:
                 why = f"{MAX_UPLOADS} uploads are under way; try again"
@@ -94,6 +93,39 @@ class Files:
                 path="file",
             )
         return data, purpose, filename
+
+    async def _list(self, query: dict[str, str]) -> bytes:
+        """``GET /v1/files``: ``purpose``'s (all when not given), newest first (``order=asc``:
+        oldest), ``limit`` of them (1 to 10,000; 10,000 when not given) after file
+        ``after``, paged as OpenAI's list pages them."""
+        journal = self.journal
+        limit = list_limit(query.get("limit"), _MAX_LIST, _MAX_LIST)
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise HttpError(400, "invalid_query", "order must be asc or desc", path="order")
+        after = None
+        if "after" in query:
+            after = await journal.do(journal.file, query["after"])
+            if after is None:
+                why = f"no file {query['after']!r} to go on from"
+                raise HttpError(400, "invalid_query", why, path="after")
+        files = await journal.do(
+            journal.files,
+            purpose=query.get("purpose"),
+            limit=limit + 1,
+            after=after,
+            oldest_first=order == "asc",
+        )
+        more, files = len(files) > limit, files[:limit]
+        data = b",".join(file_body(f) for f in files)
+        ends = _encode(
+            {
+                "first_id": files[0].id if files else None,
+                "last_id": files[-1].id if files else None,
+                "has_more": more,
+            }
+        )
+        return b'{"object":"list","data":[%s],%s' % (data, ends[1:])
 
     async def _file(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         rid = request_id_of(scope)

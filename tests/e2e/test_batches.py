@@ -164,6 +164,37 @@ def test_batches_are_listed_newest_first_in_the_pages_the_client_follows(
         drain([server])
 
 
+def test_files_are_listed_in_the_pages_the_client_follows(
+    worker: Proc,  # noqa: F811
+    store: str,  # noqa: F811
+    config: Path,
+) -> None:
+    """``client.files.list``: newest first (or oldest, ``order="asc"``), ``limit`` a page,
+    the pages followed with ``after``, as OpenAI's Files API lists them."""
+    server = serve(worker, store, config)
+    try:
+        api = client(server)
+        made = [
+            api.files.create(file=(f"{n}.jsonl", io.BytesIO(jsonl(str(n)))), purpose="batch").id
+            for n in range(3)
+        ]
+        page = api.files.list(limit=2)
+        assert [f.id for f in page.data] == made[::-1][:2] and page.has_more
+        assert [f.id for f in api.files.list(limit=2)] == made[::-1]  # (followed to the end)
+        assert [f.id for f in api.files.list(order="asc", limit=1)] == made
+        assert [f.id for f in api.files.list(after=made[1]).data] == [made[0]]
+        assert [f.id for f in api.files.list(purpose="batch").data] == made[::-1]
+        assert api.files.list(purpose="fine-tune").data == []
+        with pytest.raises(openai.BadRequestError, match="limit must be 1 to 10000"):
+            api.files.list(limit=10_001)
+        with pytest.raises(openai.BadRequestError, match="no file 'file-gone' to go on from"):
+            api.files.list(after="file-gone")
+        bad = httpx.get(f"{server.address}/v1/files", params={"order": "newest"})
+        assert bad.status_code == 400 and bad.json()["error"]["path"] == "order"
+    finally:
+        drain([server])
+
+
 def test_a_batch_goes_on_after_its_frontend_is_killed_without_redoing_a_line(
     worker: Proc,  # noqa: F811
     store: str,  # noqa: F811
