@@ -88,7 +88,7 @@ def open_journal(url: str | None) -> Journal:
         return SqliteJournal(Path(url))
     if parts.scheme == "sqlite":
         path = _sqlite_path(url)
-        if not str(path).strip("/"):
+        if path is None:
             raise JournalError(f"--runs {url}: no file (write sqlite:///PATH)")
         return SqliteJournal(path)
     if parts.scheme in ("postgresql", "postgres"):
@@ -105,16 +105,22 @@ def anchored(url: str, base: Path) -> str:
     if url == "off" or urlsplit(url).scheme not in ("", "sqlite"):
         return url
     sqlite = url.startswith("sqlite:")
-    path = (_sqlite_path(url) if sqlite else Path(url)).expanduser()
+    named = _sqlite_path(url) if sqlite else Path(url)
+    if named is None:
+        return url  # (it names no file: open_journal says so)
+    path = named.expanduser()
     if path.is_absolute():
         return url
     return f"sqlite://{base / path}" if sqlite else str(base / path)
 
 
-def _sqlite_path(url: str) -> Path:
+def _sqlite_path(url: str) -> Path | None:
     """The file a ``sqlite://`` URL names: ``sqlite:///tmp/runs`` is ``/tmp/runs``, and so
-    is ``sqlite:////tmp/runs`` (SQLAlchemy's way to write it), not ``//tmp/runs``."""
+    is ``sqlite:////tmp/runs`` (SQLAlchemy's way to write it), not ``//tmp/runs``; None
+    when it names none (``sqlite://``, ``sqlite:///``)."""
     path = unquote(url[len("sqlite://") :])
+    if not path.strip("/"):
+        return None
     return Path("/" + path.lstrip("/") if path.startswith("/") else path)
 
 

@@ -62,6 +62,10 @@ def test_stores_are_named_by_url_or_path(tmp_path: Path, monkeypatch: pytest.Mon
     assert path(str(tmp_path / "b.db")) == tmp_path / "b.db"
     # Four slashes, as SQLAlchemy writes an absolute path: the same file, shown with one.
     assert path(f"sqlite:///{tmp_path}/c.db") == tmp_path / "c.db"
+    for empty in ("sqlite://", "sqlite:///", "sqlite:////"):
+        with pytest.raises(JournalError, match="no file"):
+            open_journal(empty)
+        assert anchored(empty, tmp_path) == empty
     shown = open_journal(f"sqlite:///{tmp_path}/c.db")
     shown.close()
     assert shown.url() == f"sqlite://{tmp_path}/c.db"
