@@ -65,15 +65,18 @@ class FileBytes:
             with contextlib.suppress(ValueError):
                 self.path(file_id).unlink(missing_ok=True)
 
+    def _entries(self) -> list[os.DirEntry[str]]:
+        """What the folder holds (nothing when it was never made)."""
+        try:
+            return list(os.scandir(self.folder))
+        except FileNotFoundError:
+            return []
+
     def total(self) -> int:
         """The bytes of every file in the folder."""
         size = 0
-        try:
-            entries = list(os.scandir(self.folder))
-        except FileNotFoundError:
-            return 0
-        for entry in entries:
-            with contextlib.suppress(FileNotFoundError):
+        for entry in self._entries():
+            with contextlib.suppress(FileNotFoundError):  # (removed meanwhile)
                 size += entry.stat().st_size
         return size
 
@@ -81,11 +84,7 @@ class FileBytes:
         """Remove what is older than ``older_than`` s and is not in ``known`` (ids with a
         row): bytes whose row was never made, temporary files a crash left."""
         cutoff = time.time() - older_than
-        try:
-            entries = list(os.scandir(self.folder))
-        except FileNotFoundError:
-            return
-        for entry in entries:
+        for entry in self._entries():
             if entry.name in known:
                 continue
             with contextlib.suppress(FileNotFoundError):
