@@ -58,7 +58,6 @@ class Leases:
     _tg: anyio.abc.TaskGroup | None
     _room: anyio.Event
     _clock_read: float
-    full: bool  # the store is past max_bytes after forgetting what it could (_bound)
     used_bytes: int | None  # what the store took when last read (_bound; None: not read)
     _start: Callable[[RunRow], None]
     _finish: Callable[..., Awaitable[None]]
@@ -120,7 +119,7 @@ class Leases:
         """Keep the store within ``max_bytes``: every :data:`_BOUND_EVERY_S` (or lease,
         the shorter) its size read, and while it is past, the oldest finished runs
         forgotten, those that held what it is past (:data:`_BOUND_SLICE` at most at a
-        time, :data:`_BOUND_PASSES` times a turn at most); while it is still past,
+        time, :data:`_BOUND_PASSES` times a turn at most); while it is still past, it is
         :attr:`full` (new runs are refused). A store that cannot tell its size (PostgreSQL)
         is not bounded here."""
         journal, most = self.journal, self.config.max_bytes
@@ -152,24 +151,29 @@ class Leases:
                         most,
                     )
                     said = True
-                self.used_bytes = used
-                self._full(used, most)
+                was_full, self.used_bytes = self.full, used
+                self._said_full(was_full)
             except JournalError as exc:
                 outage.failed(exc)
             await anyio.sleep(every)
 
-    def _full(self, used: int, most: int) -> None:
-        full = used > most
-        if full and not self.full:
+    @property
+    def full(self) -> bool:
+        """The store was past ``max_bytes`` when last read, after forgetting what it could
+        (:meth:`_bound`): new runs are refused."""
+        return self.used_bytes is not None and self.used_bytes > self.config.max_bytes
+
+    def _said_full(self, was_full: bool) -> None:
+        """Say when the store becomes full, and when it is not any more."""
+        if self.full and not was_full:
             log.error(
                 "background runs: the store takes %d bytes, past its %d ([runs] max_bytes), "
                 "after forgetting what it could: new runs are refused until there is room",
-                used,
-                most,
+                self.used_bytes,
+                self.config.max_bytes,
             )
-        elif self.full and not full:
+        elif was_full and not self.full:
             log.warning("background runs: the store is within [runs] max_bytes again")
-        self.full = full
 
     def _lease(self) -> float:
         return self.journal.now() + self.config.lease_s

@@ -98,8 +98,7 @@ class Runs(Leases):
         self._tg: anyio.abc.TaskGroup | None = None
         self._room = anyio.Event()  # set when a run ends (the keeper may take another)
         self._clock_read = time.monotonic()  # when the store's clock was read last
-        self.full = False  # past [runs] max_bytes after forgetting (Leases._bound)
-        self.used_bytes: int | None = None  # the store's size when last read (the same)
+        self.used_bytes: int | None = None  # the store's size when last read (Leases._bound)
 
     # -- life ---------------------------------------------------------------------------
 
