@@ -124,7 +124,7 @@ class RunsConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     at once, in bytes, at most (a batch past it waits its turn; one larger runs alone),
     and, apart, of those it checks as they are made; ``max_bytes``: what a SQLite store
     (its runs and files) may take on disk: past it, finished runs are forgotten oldest
-    first, and while only unfinished ones are left new runs are refused (503,
+    first, and while it is still past after that new runs are refused (503,
     ``store_full``; PostgreSQL's space is the database's to bound)."""
 
     store: str | None = None
